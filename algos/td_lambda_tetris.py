@@ -1,0 +1,885 @@
+"""TD(lambda) with softmax afterstate selection on stochastic SZ-Tetris and 10x10 Tetris.
+
+Elfwing, Uchibe & Doya (2018), "Sigmoid-weighted linear units for neural network function approximation in
+reinforcement learning", §2.1-2.3 and §3.1-3.2, with the analyses of §4.1 (Fig. 6) and §4.2 (Table 3).
+
+    V(s) is learned on afterstates (the board after the drop and the row clears), on-policy and online:
+    delta_t = r_{t+1} + gamma V(s_{t+1}) - V(s_t)                         (eq. 2)
+    e_t     = gamma lambda e_{t-1} + grad_theta V(s_t),  e_0 = 0           (eq. 4, accumulating traces)
+    theta  <- theta + alpha delta_t e_t                                    (eq. 1)
+    pi(a|s) = exp(V(f(s, a)) / tau) / sum_b exp(V(f(s, b)) / tau)          (eq. 14)
+    tau(i)  = tau0 / (1 + tau_k i), i = episode number                    (eq. 15)
+    r(s)    = exp(-holes(s) / 33) on SZ-Tetris, exp(-holes(s) / 16.5) on 10x10 (eq. 16, 17)
+
+Networks: `shallow` = 460 (260 on 10x10) binary features -> hidden units -> linear output, hidden units SiLU (eq. 9),
+dSiLU (eq. 10), ReLU or sigmoid; `deep` = raw board -> conv 15 5x5 -> max-pool 3x3/2 -> conv 50 5x5 -> max-pool 3x3/2
+-> fc 250 -> linear output (§3.1).
+
+`--num-runs N` trains N independent agents (own parameters, traces, games and random draws) as one batched
+computation: every tensor carries a leading run dimension, so the paper's 10 runs are one command.
+
+Reproduce Table 1's dSiLU row (10 runs x 200k episodes):
+    python algos/td_lambda_tetris.py --activation dsilu --num-runs 10
+and Fig. 4 (10x10 Tetris, 5 runs x 400k episodes, 250 hidden units, reward exp(-holes/16.5)):
+    python algos/td_lambda_tetris.py --env-id envs/Tetris10x10-v0 --num-runs 5
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import tyro
+from torch import nn
+from torch.func import functional_call, grad, stack_module_state, vmap
+from torch.utils.tensorboard import SummaryWriter
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from envs.tetris import (  # noqa: E402
+    ENV_VARIANTS,
+    VARIANTS,
+    AfterstateEngine,
+    bertsekas_features,
+    binary_feature_indices,
+    binary_feature_length,  # noqa: E402
+)
+
+PAPER_FINAL_SCORES = {  # Table 1 (SZ-Tetris, final 1,000 episodes) and §3.2 (10x10, final 10,000 episodes)
+    ("envs/SZTetris-v0", "shallow", "silu"): 214,
+    ("envs/SZTetris-v0", "shallow", "relu"): 191,
+    ("envs/SZTetris-v0", "shallow", "dsilu"): 263,
+    ("envs/SZTetris-v0", "shallow", "sigmoid"): 232,
+    ("envs/SZTetris-v0", "deep", "silu-silu"): 217,
+    ("envs/SZTetris-v0", "deep", "relu-relu"): 215,
+    ("envs/SZTetris-v0", "deep", "silu-dsilu"): 229,
+    ("envs/Tetris10x10-v0", "shallow", "dsilu"): 4900,
+}
+SHALLOW_ACTIVATIONS = ("silu", "dsilu", "relu", "sigmoid")
+DEEP_ACTIVATIONS = ("silu-dsilu", "silu-silu", "relu-relu")
+CHECKPOINT_FORMAT = "td_lambda_tetris/1"
+
+
+@dataclass
+class Args:
+    # --- experiment ---
+    exp_name: str = "td_lambda_tetris"
+    """name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the experiment; run i initialises its network from seed + i"""
+    device: str = "auto"
+    """'auto' (CUDA if available, else CPU), 'cpu', 'cuda' or 'cuda:N'"""
+    torch_deterministic: bool = True
+    """torch.backends.cudnn.deterministic"""
+    track: bool = False
+    """log to Weights & Biases (needs `pip install wandb`)"""
+    wandb_project_name: str = "silu-dsilu-rl"
+    """the wandb project"""
+    wandb_entity: str | None = None
+    """the wandb entity (team)"""
+    save_model: bool = False
+    """save the parameters of every run to runs/{run_name}/td_lambda_tetris.pt at the end"""
+    load_model: str | None = None
+    """checkpoint to start from (training continues from its episode counters; with --total-episodes 0 only
+    evaluates)"""
+    log_every_seconds: float = 10.0
+    """how often the progress line is printed and the tensorboard scalars are written"""
+
+    # --- environment ---
+    env_id: str = "envs/SZTetris-v0"
+    """envs/SZTetris-v0 (§3.1), envs/Tetris10x10-v0 (§3.2) or envs/Tetris-v0 (10x20, seven pieces)"""
+
+    # --- algorithm: TD(lambda), §2.1 and §3.1 ---
+    total_episodes: int | None = None
+    """training episodes per run (default: 200,000 on SZ-Tetris, 400,000 on the seven-piece variants)"""
+    num_runs: int = 1
+    """independent runs advanced together as one batched computation (the paper: 10 per shallow activation, 5 per
+    deep variant and 5 on 10x10)"""
+    gamma: float = 0.99
+    """discount factor gamma"""
+    lam: float = 0.55
+    """trace-decay rate lambda"""
+    alpha: float | None = None
+    """learning rate alpha (default: 0.001 for the shallow net, 0.0001 for the deep net)"""
+    tau0: float = 0.5
+    """initial softmax temperature tau_0 (eq. 15)"""
+    tau_k: float = 0.00025
+    """temperature annealing rate tau_k (eq. 15)"""
+    holes_scale: float | None = None
+    """reward r(s) = exp(-holes / holes_scale) (default: 33 on a 20-row board (eq. 16), 16.5 on 10x10 (eq. 17))"""
+
+    # --- network ---
+    network: Literal["shallow", "deep"] = "shallow"
+    """shallow: binary features -> hidden -> linear; deep: raw board -> 2 conv + pool -> fc 250 -> linear"""
+    activation: str | None = None
+    """shallow: silu | dsilu | relu | sigmoid (default dsilu); deep: silu-dsilu | silu-silu | relu-relu (conv
+    layers - fully connected layer; default silu-dsilu)"""
+    hidden: int | None = None
+    """hidden units of the shallow net (default: 50 on SZ-Tetris, 250 on the seven-piece variants); the deep net's
+    fully connected layer has 250"""
+
+    # --- evaluation and analysis (§4.1, §4.2) ---
+    final_window: int | None = None
+    """episodes behind the final score (default: 1,000 on SZ-Tetris as Table 1, 10,000 on the seven-piece variants
+    as §3.2)"""
+    eval_episodes: int = 0
+    """after training (or on --load-model), play this many episodes per run and selection rule without learning"""
+    eval_selections: tuple[str, ...] = ("softmax", "epsilon:0", "epsilon:0.001", "epsilon:0.01", "epsilon:0.05")
+    """selection rules of Table 3: 'softmax' (at the final temperature), 'softmax:TAU' or 'epsilon:EPS'"""
+    value_analysis_episodes: int = 1000
+    """episodes of the first selection rule used for the V(s_t) vs R_t analysis of Fig. 6 (CSV + PNG)"""
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Setup helpers
+# ----------------------------------------------------------------------------------------------------------------------
+def fill_defaults(args: Args) -> Args:
+    """The paper's per-experiment defaults for the fields left at None (§3.1, §3.2)."""
+    sz = args.env_id == "envs/SZTetris-v0"
+    height = VARIANTS[ENV_VARIANTS[args.env_id]][0] if args.env_id in ENV_VARIANTS else 20
+    if args.activation is None:
+        args.activation = "dsilu" if args.network == "shallow" else "silu-dsilu"
+    if args.total_episodes is None:
+        args.total_episodes = 200_000 if sz else 400_000
+    if args.alpha is None:
+        args.alpha = 0.001 if args.network == "shallow" else 0.0001
+    if args.hidden is None:
+        args.hidden = 50 if sz else 250
+    if args.holes_scale is None:
+        args.holes_scale = 33.0 * height / 20  # eq. 17 halves the scale with the board height
+    if args.final_window is None:
+        args.final_window = 1000 if sz else 10_000
+    return args
+
+
+def parse_selection(rule: str, final_tau: float) -> tuple[str, float]:
+    """'softmax' | 'softmax:TAU' | 'epsilon:EPS' -> ('softmax', tau) or ('epsilon', eps)."""
+    kind, _, value = rule.partition(":")
+    if kind == "softmax":
+        return "softmax", float(value) if value else final_tau
+    if kind == "epsilon" and value:
+        return "epsilon", float(value)
+    raise ValueError(rule)
+
+
+def validate(args: Args) -> str | None:
+    """One clear line for each impossible setting, checked before anything is written."""
+    if args.env_id not in ENV_VARIANTS:
+        return f"unknown --env-id {args.env_id!r}; choose one of {', '.join(ENV_VARIANTS)}"
+    allowed = SHALLOW_ACTIVATIONS if args.network == "shallow" else DEEP_ACTIVATIONS
+    if args.activation not in allowed:
+        return f"--activation {args.activation!r} is not defined for --network {args.network}; choose one of {allowed}"
+    if args.num_runs < 1:
+        return f"--num-runs must be at least 1, got {args.num_runs}"
+    if args.total_episodes < 0 or args.eval_episodes < 0:
+        return "--total-episodes and --eval-episodes must be >= 0"
+    if args.total_episodes == 0 and args.eval_episodes == 0:
+        return "nothing to do: --total-episodes 0 needs --eval-episodes > 0 (and usually --load-model)"
+    if args.hidden < 1 or args.alpha <= 0 or args.final_window < 1:
+        return "--hidden, --alpha and --final-window must be positive"
+    if not (0 <= args.gamma <= 1 and 0 <= args.lam <= 1):
+        return "--gamma and --lam must lie in [0, 1]"
+    for rule in args.eval_selections:
+        try:
+            kind, value = parse_selection(rule, 1.0)
+        except ValueError:
+            return f"bad --eval-selections entry {rule!r}; use 'softmax', 'softmax:TAU' or 'epsilon:EPS'"
+        if (kind == "epsilon" and not 0 <= value <= 1) or (kind == "softmax" and value <= 0):
+            return f"bad --eval-selections entry {rule!r}: epsilon must lie in [0, 1] and tau be positive"
+    if args.device != "auto" and args.device.startswith("cuda") and not torch.cuda.is_available():
+        return f"--device {args.device} asked for CUDA but torch sees no GPU; use --device cpu or auto"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Activations (§2.2)
+# ----------------------------------------------------------------------------------------------------------------------
+def silu(z):
+    """SiLU, eq. 9: a = z sigma(z)."""
+    return z * torch.sigmoid(z)
+
+
+def dsilu(z):
+    """dSiLU, eq. 10: a = sigma(z) (1 + z (1 - sigma(z))), the derivative of the SiLU."""
+    s = torch.sigmoid(z)
+    return s * (1 + z * (1 - s))
+
+
+def dsilu_derivative(z):
+    """da/dz of the dSiLU (eq. 12 without the input factor): sigma(z)(1 - sigma(z))(2 + z(1 - sigma(z)) - z sigma(z))."""
+    s = torch.sigmoid(z)
+    return s * (1 - s) * (2 + z * (1 - s) - z * s)
+
+
+def activation_and_derivative(name: str, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """a(z) and da/dz for the shallow net's hand-derived gradient (eq. 11 for the SiLU, eq. 12 for the dSiLU)."""
+    if name == "silu":
+        return silu(z), dsilu(z)
+    if name == "dsilu":
+        return dsilu(z), dsilu_derivative(z)
+    if name == "relu":
+        return z.clamp_min(0), (z > 0).to(z.dtype)
+    s = torch.sigmoid(z)  # sigmoid
+    return s, s * (1 - s)
+
+
+ACTIVATIONS = {"silu": silu, "dsilu": dsilu, "relu": torch.relu, "sigmoid": torch.sigmoid}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Shallow network: binary features -> hidden -> linear, batched over runs, gradient derived by hand
+# ----------------------------------------------------------------------------------------------------------------------
+def init_shallow(num_runs: int, num_features: int, hidden: int, seed: int, device) -> dict[str, torch.Tensor]:
+    """Parameters (leading run dimension). The paper does not give the initialisation; we use PyTorch's nn.Linear
+    default, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases, with run i drawn from seed + i."""
+    params = {"W1": [], "b1": [], "w2": [], "b2": []}
+    for i in range(num_runs):
+        g = torch.Generator().manual_seed(seed + i)
+        k1, k2 = 1 / math.sqrt(num_features), 1 / math.sqrt(hidden)
+        params["W1"].append((torch.rand(num_features, hidden, generator=g) * 2 - 1) * k1)
+        params["b1"].append((torch.rand(hidden, generator=g) * 2 - 1) * k1)
+        params["w2"].append((torch.rand(hidden, generator=g) * 2 - 1) * k2)
+        params["b2"].append((torch.rand((), generator=g) * 2 - 1) * k2)
+    return {k: torch.stack(v).to(device) for k, v in params.items()}
+
+
+def shallow_hidden_input(params, idx: torch.Tensor) -> torch.Tensor:
+    """z_k = sum_i w_ik s_i + b_k (eq. 7) for binary s given by its active indices.
+
+    idx (R, ..., 20) indices of the active bits -> z (R, ..., hidden). The sum over the 20 active rows of W1 is one
+    embedding_bag gather per call: no dense 460-wide input is ever built.
+    """
+    W1, b1 = params["W1"], params["b1"]
+    R, F_, Hd = W1.shape
+    lead = idx.shape[1:-1]
+    offsets = (torch.arange(R, device=idx.device) * F_).view(R, *([1] * (idx.dim() - 1)))
+    z = F.embedding_bag((idx + offsets).reshape(-1, idx.shape[-1]), W1.reshape(R * F_, Hd), mode="sum")
+    return z.view(R, *lead, Hd) + b1.view(R, *([1] * len(lead)), Hd)
+
+
+def shallow_value(params, idx: torch.Tensor, activation: str) -> torch.Tensor:
+    """V(s) = sum_k w2_k a(z_k) + b2. idx (R, ..., 20) -> (R, ...)."""
+    z = shallow_hidden_input(params, idx)
+    a = ACTIVATIONS[activation](z)
+    lead = z.shape[1:-1]
+    return (a * params["w2"].view(z.shape[0], *([1] * len(lead)), -1)).sum(-1) + params["b2"].view(-1, *[1] * len(lead))
+
+
+def shallow_value_and_grad(params, idx: torch.Tensor, activation: str):
+    """V(s) and grad_theta V(s) for one state per run. idx (R, 20).
+
+    dV/dw2_k = a(z_k);  dV/db2 = 1;  dV/db1_k = w2_k a'(z_k);  dV/dW1_ik = s_i w2_k a'(z_k)  (eq. 11, 12)
+    so the W1 gradient is non-zero only on the 20 active rows: it is returned as (rows, values) for a sparse add.
+    """
+    z = shallow_hidden_input(params, idx)  # (R, Hd)
+    a, da = activation_and_derivative(activation, z)
+    value = (a * params["w2"]).sum(-1) + params["b2"]
+    g_hidden = params["w2"] * da  # (R, Hd)
+    grads = {"W1": (idx, g_hidden), "b1": g_hidden, "w2": a, "b2": torch.ones_like(value)}
+    return value, grads
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Deep network on the raw board (§3.1), batched over runs with torch.func
+# ----------------------------------------------------------------------------------------------------------------------
+class DeepValueNet(nn.Module):
+    """conv 15 5x5/1 -> max-pool 3x3/2 -> conv 50 5x5/1 -> max-pool 3x3/2 -> fc 250 -> linear (§3.1).
+
+    The paper gives no padding; we use 'same' padding (2) for the convolutions and ceil-mode pooling, so a 20x10 board
+    becomes 10x5 then 5x3 and the fully connected layer sees 50*5*3 = 750 inputs (project choice, tetris.md §0).
+    `activation` "silu-dsilu" = SiLU in the conv layers, dSiLU in the fully connected layer.
+    """
+
+    def __init__(self, height: int, width: int, activation: str):
+        super().__init__()
+        conv_act, fc_act = activation.split("-")
+        self.conv_act, self.fc_act = ACTIVATIONS[conv_act], ACTIVATIONS[fc_act]
+        self.conv1 = nn.Conv2d(1, 15, 5, padding=2)
+        self.conv2 = nn.Conv2d(15, 50, 5, padding=2)
+        h, w = math.ceil(height / 2), math.ceil(width / 2)  # ceil pooling 3/2 on even or odd sizes
+        h, w = (h - 1) // 2 + 1, (w - 1) // 2 + 1
+        self.fc = nn.Linear(50 * h * w, 250)
+        self.out = nn.Linear(250, 1)
+
+    def forward(self, boards: torch.Tensor) -> torch.Tensor:
+        x = boards.float().unsqueeze(-3)  # (N, 1, H, W)
+        x = F.max_pool2d(self.conv_act(self.conv1(x)), 3, 2, ceil_mode=True)  # (N, 15, H/2, W/2)
+        x = F.max_pool2d(self.conv_act(self.conv2(x)), 3, 2, ceil_mode=True)  # (N, 50, H/4, W/4)
+        x = self.fc_act(self.fc(x.flatten(1)))  # (N, 250)
+        return self.out(x).squeeze(-1)  # (N,)
+
+
+def init_deep(num_runs, height, width, activation, seed, device):
+    """Stacked parameters of num_runs DeepValueNets (run i from seed + i; PyTorch's default initialisation)."""
+    nets = []
+    for i in range(num_runs):
+        torch.manual_seed(seed + i)
+        nets.append(DeepValueNet(height, width, activation))
+    params, _ = stack_module_state(nets)
+    base = DeepValueNet(height, width, activation).to("meta")
+    return {k: v.detach().to(device) for k, v in params.items()}, base
+
+
+def deep_value(params, boards, base):
+    """boards (R, P, H, W) -> V (R, P): one vmapped call over runs."""
+    return vmap(lambda p, x: functional_call(base, p, (x,)))(params, boards)
+
+
+def deep_value_and_grad(params, boards, base):
+    """boards (R, H, W) -> V (R,), grad_theta V per run (dict of (R, ...) tensors)."""
+
+    def single(p, x):
+        v = functional_call(base, p, (x[None],))[0]
+        return v, v
+
+    grads, value = vmap(grad(single, has_aux=True))(params, boards)
+    return value, grads
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# TD(lambda) pieces
+# ----------------------------------------------------------------------------------------------------------------------
+def temperature(episode: torch.Tensor, tau0: float, tau_k: float) -> torch.Tensor:
+    """Hyperbolic annealing, eq. 15: tau(i) = tau0 / (1 + tau_k i)."""
+    return tau0 / (1 + tau_k * episode)
+
+
+def softmax_probabilities(values: torch.Tensor, tau: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Eq. 14: pi(a|s) proportional to exp(V(f(s, a)) / tau) over the valid placements. values (R, P), tau (R,)."""
+    logits = (values / tau[:, None]).masked_fill(~valid, float("-inf"))
+    return torch.softmax(logits, -1)
+
+
+def select_placement(values, tau, valid, uniform, epsilon=None):
+    """Sample a placement per run; returns (action, exploratory).
+
+    softmax (eq. 14) by the Gumbel-max trick on the given uniforms (R, P); epsilon-greedy when `epsilon` is given
+    (uniform[:, 0] decides exploration, the rest picks among the valid placements). An action is exploratory when it
+    is not the greedy one (Table 3).
+    """
+    greedy = values.masked_fill(~valid, float("-inf")).argmax(-1)
+    if epsilon is None:
+        gumbel = -torch.log(-torch.log(uniform.clamp(1e-20, 1 - 1e-7)))
+        logits = (values / tau[:, None]).masked_fill(~valid, float("-inf"))
+        action = (logits + gumbel).argmax(-1)
+    else:
+        random_choice = uniform[:, 1:].masked_fill(~valid[:, 1:], -1.0)  # placement 0 is valid for every piece
+        random_choice = torch.cat([uniform[:, 1:2].clamp_min(0), random_choice], -1).argmax(-1)
+        action = torch.where(uniform[:, 0] < epsilon, random_choice, greedy)
+    return action, action != greedy
+
+
+def update_traces_and_params(params, eligibility, grads, decay, step):
+    """Eq. 4 then eq. 1 for every parameter tensor, per run r:
+
+        e_r <- decay_r e_r + grad V(s_t)        decay_r = gamma lambda (0 on an episode's first step: e_0 = 0)
+        theta_r <- theta_r + step_r e_r          step_r = alpha delta_t (0 for runs that have finished)
+
+    A gradient given as (rows, values) is the shallow net's W1 gradient, non-zero only on the active feature rows.
+    """
+    for name, theta in params.items():
+        e = eligibility[name]
+        shape = (-1,) + (1,) * (e.dim() - 1)
+        e.mul_(decay.view(shape))
+        g = grads[name]
+        if isinstance(g, tuple):
+            rows, values = g  # rows (R, 20), values (R, Hd): add values to each active row of run r
+            R, F_, Hd = e.shape
+            flat_rows = (rows + torch.arange(R, device=rows.device)[:, None] * F_).reshape(-1)
+            e.view(R * F_, Hd).index_add_(0, flat_rows, values.repeat_interleave(rows.shape[1], 0))
+        else:
+            e.add_(g)
+        theta.addcmul_(e, step.view(shape))
+
+
+def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
+    """R_t = sum_{k>=0} gamma^k r_{t+1+k} (§4.1), the return following state s_t."""
+    out = np.zeros(len(rewards))
+    running = 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        running = rewards[t] + gamma * running
+        out[t] = running
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Checkpoints
+# ----------------------------------------------------------------------------------------------------------------------
+def architecture(args: Args) -> dict:
+    height, width, _ = VARIANTS[ENV_VARIANTS[args.env_id]]
+    arch = {"network": args.network, "activation": args.activation, "height": height, "width": width}
+    if args.network == "shallow":
+        arch["hidden"] = args.hidden
+    return arch
+
+
+def save_checkpoint(path, args, params, episodes):
+    torch.save(
+        {
+            "format": CHECKPOINT_FORMAT,
+            "architecture": architecture(args),
+            "num_runs": args.num_runs,
+            "env_id": args.env_id,
+            "params": {k: v.detach().cpu() for k, v in params.items()},
+            "episodes": episodes.cpu(),
+            "args": asdict(args),
+        },
+        path,
+    )
+
+
+def load_checkpoint(path: str, args: Args) -> dict:
+    """Load and check a checkpoint against the requested architecture; raises ValueError with one clear line."""
+    if not os.path.isfile(path):
+        raise ValueError(f"--load-model {path!r}: no such file")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001  (any unpickling failure means the file is not a checkpoint)
+        raise ValueError(f"--load-model {path!r} is not a readable checkpoint ({type(err).__name__})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"--load-model {path!r} is not a td_lambda_tetris checkpoint")
+    want, have = architecture(args), ckpt["architecture"]
+    if want != have:
+        diff = ", ".join(
+            f"{k}: checkpoint {have.get(k)} vs requested {want.get(k)}" for k in want if want[k] != have.get(k)
+        )
+        raise ValueError(f"--load-model {path!r} holds another architecture ({diff}); pass matching flags")
+    if ckpt["num_runs"] != args.num_runs:
+        raise ValueError(f"--load-model {path!r} holds {ckpt['num_runs']} runs; pass --num-runs {ckpt['num_runs']}")
+    return ckpt
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Plots and CSVs
+# ----------------------------------------------------------------------------------------------------------------------
+def block_means(scores: np.ndarray, counts: np.ndarray, block: int) -> np.ndarray:
+    """Mean score of every complete block of `block` episodes per run (the paper's curves use blocks of 1,000).
+    Returns (runs, blocks) with NaN where a run has not finished a block."""
+    n_blocks = int(counts.max()) // block if len(counts) else 0
+    out = np.full((len(counts), n_blocks), np.nan)
+    for r, c in enumerate(counts):
+        k = int(c) // block
+        if k:
+            out[r, :k] = scores[r, : k * block].reshape(k, block).mean(1)
+    return out
+
+
+def write_learning_curve(run_dir, scores, counts, block, title, paper_score=None):
+    means = block_means(scores, counts, block)
+    with open(os.path.join(run_dir, "learning_curve.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["episode"] + [f"run{r}" for r in range(means.shape[0])] + ["mean"])
+        for b in range(means.shape[1]):
+            col = means[:, b]
+            w.writerow([(b + 1) * block] + [f"{v:.3f}" for v in col] + [f"{np.nanmean(col):.3f}"])
+    if means.shape[1] == 0:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = (np.arange(means.shape[1]) + 1) * block
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in range(means.shape[0]):
+        ax.plot(x, means[r], "--", lw=0.8, alpha=0.6)
+    ax.plot(x, np.nanmean(means, 0), "k-", lw=2.5, label=f"mean of {means.shape[0]} runs")
+    if paper_score is not None:
+        ax.axhline(paper_score, color="r", ls=":", label=f"paper, final ({paper_score})")
+    ax.set_xlabel("episode")
+    ax.set_ylabel(f"mean score per {block} episodes")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(run_dir, "learning_curve.png"), dpi=110)
+    plt.close(fig)
+
+
+def write_value_analysis(run_dir, episodes, gamma):
+    """§4.1 / Fig. 6: V(s_t) against R_t along episodes, and (1/T) sum_t (V(s_t) - R_t) per episode."""
+    rows = []
+    for run, values, rewards in episodes:
+        returns = discounted_returns(np.asarray(rewards), gamma)
+        diff = np.asarray(values) - returns
+        rows.append((run, len(values), diff.mean(), np.abs(diff).mean()))
+    with open(os.path.join(run_dir, "value_analysis.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "T", "normalised_sum_diff", "normalised_sum_abs_diff"])
+        w.writerows(rows)
+    T = np.array([r[1] for r in rows], dtype=float)
+    d = np.array([r[2] for r in rows])
+    fit = np.polyfit(T, d, 1) if len(rows) > 1 and T.std() > 0 else np.array([0.0, d.mean() if len(d) else 0.0])
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    order = np.argsort(T)
+    for label, i in (("short", order[len(order) // 10]), ("medium", order[len(order) // 2]), ("long", order[-1])):
+        run, values, rewards = episodes[i]
+        t = np.arange(1, len(values) + 1)
+        (line,) = left.plot(t, values, lw=1, label=f"V(s_t), {label} (T={len(values)})")
+        left.plot(t, discounted_returns(np.asarray(rewards), gamma), "--", lw=1, color=line.get_color(), label="R_t")
+    left.set_xlabel("t")
+    left.set_ylabel("value")
+    left.legend(fontsize=7)
+    right.scatter(T, d, s=4, alpha=0.5)
+    xs = np.linspace(T.min(), T.max(), 2)
+    right.plot(xs, np.polyval(fit, xs), "r-", label=f"fit {fit[0]:.4f} T + {fit[1]:.2f}")
+    right.set_xlabel("episode length T")
+    right.set_ylabel("(1/T) sum (V(s_t) - R_t)")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(run_dir, "value_analysis.png"), dpi=110)
+    plt.close(fig)
+    return {
+        "episodes": len(rows),
+        "mean_T": float(T.mean()),
+        "fit_slope": float(fit[0]),
+        "fit_intercept": float(fit[1]),
+        "mean_normalised_sum_diff": float(d.mean()),
+        "fit_at_mean_T": float(np.polyval(fit, T.mean())),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------------------------------------
+def fmt_time(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
+
+
+def main(args: Args) -> dict:
+    args = fill_defaults(args)
+    error = validate(args)
+    ckpt = None
+    if error is None and args.load_model:
+        try:
+            ckpt = load_checkpoint(args.load_model, args)
+        except ValueError as err:
+            error = str(err)
+    if error:
+        raise SystemExit(f"error: {error}")
+
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    run_name = f"{args.env_id.split('/')[-1]}__{args.exp_name}__{args.network}-{args.activation}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join("runs", run_name)
+    os.makedirs(run_dir, exist_ok=True)
+    if args.track:
+        try:
+            import wandb
+        except ImportError:
+            raise SystemExit("error: --track needs wandb; `pip install wandb` or drop --track") from None
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            save_code=True,
+        )
+    writer = SummaryWriter(run_dir)
+    writer.add_text(
+        "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+    )
+
+    # --- environment: the batched afterstate engine (the same rules as the Gymnasium env) ---
+    height, width, piece_set = VARIANTS[ENV_VARIANTS[args.env_id]]
+    engine = AfterstateEngine(height, width, piece_set, device=device)
+    pieces_tensor = torch.tensor(piece_set, device=device)
+    R, P = args.num_runs, engine.num_placements
+    rng = torch.Generator(device=device).manual_seed(args.seed)
+    runs = torch.arange(R, device=device)
+
+    # --- network ---
+    if args.network == "shallow":
+        params = init_shallow(R, binary_feature_length(height, width), args.hidden, args.seed, device)
+
+        def encode(after):  # Afterstates -> (R, P, 20) active feature indices
+            return binary_feature_indices(after.features(), height)
+
+        def value(states):
+            return shallow_value(params, states, args.activation)
+
+        def value_and_grad(states):
+            return shallow_value_and_grad(params, states, args.activation)
+    else:
+        params, base = init_deep(R, height, width, args.activation, args.seed, device)
+
+        def encode(after):  # Afterstates -> (R, P, H, W) raw boards
+            return after.boards
+
+        def value(states):
+            return deep_value(params, states, base)
+
+        def value_and_grad(states):
+            return deep_value_and_grad(params, states, base)
+
+    episodes = torch.zeros(R, dtype=torch.long, device=device)  # i in eq. 15, per run
+    if ckpt is not None:
+        for k in params:
+            params[k].copy_(ckpt["params"][k].to(device))
+        episodes = ckpt["episodes"].to(device)
+        print(f"loaded {args.load_model} (episodes per run: {episodes.tolist()})")
+    eligibility = {k: torch.zeros_like(v) for k, v in params.items()}
+    num_params = sum(v[0].numel() for v in params.values())
+    print(
+        f"{run_name}: {R} run(s) of a {args.network} {args.activation} net ({num_params:,} parameters each) on "
+        f"{args.env_id}, {P} placements per piece, device {device}"
+    )
+
+    def new_pieces():
+        return pieces_tensor[torch.randint(len(piece_set), (R,), generator=rng, device=device)]
+
+    empty_board = torch.zeros(height, width, dtype=torch.uint8, device=device)
+    empty_state = (
+        binary_feature_indices(bertsekas_features(empty_board), height) if args.network == "shallow" else empty_board
+    )
+
+    # --- training: every run plays its own game; tensors carry the run dimension ---
+    start_episode = episodes.clone()
+    target = start_episode + args.total_episodes
+    E = args.total_episodes
+    scores = torch.zeros(R, max(E, 1), device=device)  # score of each finished episode (rows cleared)
+    lengths = torch.zeros(R, max(E, 1), dtype=torch.long, device=device)
+    boards = empty_board.expand(R, height, width).clone()  # s_t: the current afterstate (empty board at the start)
+    states = empty_state.expand(R, *empty_state.shape).clone()  # its network input (feature indices or board)
+    pieces = new_pieces()
+    score = torch.zeros(R, device=device)
+    length = torch.zeros(R, dtype=torch.long, device=device)
+    first_step = torch.ones(R, dtype=torch.bool, device=device)
+    abs_td_sum = torch.zeros(R, device=device)
+    abs_td_count = 0
+    placements = 0
+    t_start = time.time()
+    t_log = t_start
+    logged = np.zeros(R, dtype=np.int64)  # finished episodes already written to tensorboard, per run
+    active = episodes < target
+    while E > 0 and bool(active.any()):
+        tau = temperature(episodes.float(), args.tau0, args.tau_k)
+        v_t, grad_t = value_and_grad(states)  # V(s_t), grad V(s_t) with the current theta_t
+        after = engine(boards, pieces)  # every placement's afterstate f(s_t, a)
+        cand_states = encode(after)
+        # Afterstates where the piece does not fit are terminal: V = 0 and no reward (tetris.md §0).
+        v_cand = value(cand_states).masked_fill(after.game_over, 0.0)
+        uniform = torch.rand(R, P, generator=rng, device=device)
+        action, _ = select_placement(v_cand, tau, after.valid, uniform)
+        game_over = after.game_over[runs, action]
+        reward = torch.exp(-after.holes[runs, action].float() / args.holes_scale).masked_fill(game_over, 0.0)  # eq. 16
+        td_error = reward + args.gamma * v_cand[runs, action] - v_t  # eq. 2 (V(s_{t+1}) = 0 when terminal)
+        decay = torch.where(first_step, 0.0, args.gamma * args.lam)
+        update_traces_and_params(params, eligibility, grad_t, decay, args.alpha * td_error * active)
+        abs_td_sum += td_error.abs() * active
+        abs_td_count += 1
+
+        # --- advance the games; a finished game restarts from the empty board with e = 0 ---
+        score += after.rows_cleared[runs, action]
+        length += 1
+        placements += int(active.sum())  # pieces placed by runs still learning (finished runs idle along)
+        slot = (episodes - start_episode).clamp(max=max(E, 1) - 1)
+        record = game_over & active
+        scores[runs, slot] = torch.where(record, score, scores[runs, slot])
+        lengths[runs, slot] = torch.where(record, length, lengths[runs, slot])
+        episodes += record
+        active = episodes < target
+        boards = torch.where(game_over[:, None, None], empty_board, after.boards[runs, action])
+        states = torch.where(game_over.view(-1, *[1] * (states.dim() - 1)), empty_state, cand_states[runs, action])
+        score.masked_fill_(game_over, 0)
+        length.masked_fill_(game_over, 0)
+        first_step = game_over
+        pieces = new_pieces()
+
+        now = time.time()
+        if now - t_log >= args.log_every_seconds or not bool(active.any()):
+            done = (episodes - start_episode).cpu().numpy()
+            sc = scores.cpu().numpy()
+            sps = placements / (now - t_start)
+            for r in range(R):
+                for ep in range(logged[r], done[r]):
+                    writer.add_scalar(f"run{r}/episode_score", sc[r, ep], ep)
+                    if (ep + 1) % 1000 == 0:
+                        writer.add_scalar(f"run{r}/mean_score_1000", sc[r, ep - 999 : ep + 1].mean(), ep + 1)
+                writer.add_scalar(f"run{r}/temperature", float(tau[r]), int(done[r]))
+                writer.add_scalar(f"run{r}/abs_td_error", float(abs_td_sum[r]) / max(abs_td_count, 1), int(done[r]))
+            logged = done.copy()
+            abs_td_sum.zero_()
+            abs_td_count = 0
+            writer.add_scalar("charts/placements_per_second", sps, placements)
+            recent = [sc[r, max(0, done[r] - 1000) : done[r]].mean() for r in range(R) if done[r] > 0]
+            mean_recent = float(np.mean(recent)) if recent else float("nan")
+            rate = done.min() / (now - t_start)
+            eta = (E - done.min()) / rate if rate > 0 else float("inf")
+            print(
+                f"episodes {int(done.min()):,}/{E:,} (slowest run) | placements {placements:,} | {sps:,.0f} "
+                f"placements/s | mean score, last 1000 ep. {mean_recent:.2f} | tau {float(tau.mean()):.4f} | "
+                f"ETA {fmt_time(eta) if math.isfinite(eta) else '?'} (at the current episode rate)",
+                flush=True,
+            )
+            t_log = now
+    train_time = time.time() - t_start
+
+    summary = {"args": asdict(args), "run_name": run_name, "device": str(device), "num_parameters_per_run": num_params}
+    if E > 0:
+        sc, ln = scores.cpu().numpy(), lengths.cpu().numpy()
+        window = min(args.final_window, E)
+        final = sc[:, E - window :].mean(1)
+        summary.update(
+            global_step=placements,
+            placements_per_run=ln.sum(1).tolist(),
+            wall_time=train_time,
+            sps=placements / train_time,
+            final_window=window,
+            final_score_per_run=final.tolist(),
+            final_score_mean=float(final.mean()),
+            final_score_std_over_runs=float(final.std()),
+            final_score_std_over_episodes=float(sc[:, E - window :].std()),
+            final_score_best_run=float(final.max()),
+            paper_final_score=PAPER_FINAL_SCORES.get((args.env_id, args.network, args.activation)),
+        )
+        for r in range(R):
+            writer.add_scalar(f"run{r}/final_score", final[r], E)
+        np.savez_compressed(os.path.join(run_dir, "episodes.npz"), scores=sc, lengths=ln)
+        write_learning_curve(
+            run_dir,
+            sc,
+            np.full(R, E),
+            1000 if E >= 1000 else max(E // 10, 1),
+            f"{args.env_id} {args.network} {args.activation}, {R} run(s), {E:,} episodes",
+            summary["paper_final_score"],
+        )
+        print(
+            f"final mean score over the last {window} episodes: {final.mean():.2f} (runs: "
+            f"{', '.join(f'{v:.1f}' for v in final)}); paper: {summary['paper_final_score']}"
+        )
+    else:
+        summary.update(global_step=0, wall_time=0.0, sps=0.0)
+
+    if args.save_model:
+        path = os.path.join(run_dir, "td_lambda_tetris.pt")
+        save_checkpoint(path, args, params, episodes)
+        summary["checkpoint"] = path
+        print(f"saved {path}")
+
+    # --- evaluation without learning: Table 3 and the value analysis of §4.1 ---
+    if args.eval_episodes > 0:
+        final_tau = float(temperature(episodes.float(), args.tau0, args.tau_k).mean())
+        summary["eval"] = {}
+        value_episodes = []
+        for k, rule in enumerate(args.eval_selections):
+            kind, x = parse_selection(rule, final_tau)
+            result = evaluate(
+                args,
+                engine,
+                encode,
+                value,
+                kind,
+                x,
+                R,
+                device,
+                empty_board,
+                empty_state,
+                pieces_tensor,
+                collect_values=(k == 0) * args.value_analysis_episodes,
+            )
+            values_collected = result.pop("value_episodes")
+            if k == 0:
+                value_episodes = values_collected
+            summary["eval"][f"{kind}:{x:g}"] = result
+            print(
+                f"eval {kind} {x:g}: mean score {result['mean_score']:.2f} over {result['episodes']} episodes, "
+                f"{result['exploratory_actions_per_episode']:.2f} exploratory actions per episode"
+            )
+        if value_episodes:
+            summary["value_analysis"] = write_value_analysis(run_dir, value_episodes, args.gamma)
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    writer.close()
+    if args.track:
+        wandb.finish()
+    return summary
+
+
+@torch.no_grad()
+def evaluate(
+    args, engine, encode, value, kind, x, R, device, empty_board, empty_state, pieces_tensor, collect_values=0
+):
+    """Play args.eval_episodes episodes per run without learning, with softmax at tau = x or epsilon-greedy with
+    epsilon = x. Returns mean score and exploratory actions per episode (Table 3); records V(s_t) and r_{t+1} along
+    the first `collect_values` episodes for the value analysis (§4.1)."""
+    height, width = empty_board.shape
+    rng = torch.Generator(device=device).manual_seed(args.seed + 10_000)
+    runs = torch.arange(R, device=device)
+    boards = empty_board.expand(R, height, width).clone()
+    states = empty_state.expand(R, *empty_state.shape).clone()
+    pieces = pieces_tensor[torch.randint(len(pieces_tensor), (R,), generator=rng, device=device)]
+    tau = torch.full((R,), x if kind == "softmax" else 1.0, device=device)
+    score = torch.zeros(R, device=device)
+    explore = torch.zeros(R, device=device)
+    done = np.zeros(R, dtype=np.int64)
+    results_score, results_explore = [[] for _ in range(R)], [[] for _ in range(R)]
+    traj = [([], []) for _ in range(R)]
+    value_episodes = []
+    while done.min() < args.eval_episodes:
+        v_t = value(states[:, None])[:, 0] if collect_values else None
+        after = engine(boards, pieces)
+        cand_states = encode(after)
+        v_cand = value(cand_states).masked_fill(after.game_over, 0.0)
+        uniform = torch.rand(R, engine.num_placements, generator=rng, device=device)
+        action, exploratory = select_placement(
+            v_cand, tau, after.valid, uniform, epsilon=x if kind == "epsilon" else None
+        )
+        game_over = after.game_over[runs, action]
+        score += after.rows_cleared[runs, action]
+        explore += exploratory
+        if collect_values:
+            holes = after.holes[runs, action].float()
+            reward = torch.exp(-holes / args.holes_scale).masked_fill(game_over, 0.0)
+            for r in range(R):
+                traj[r][0].append(float(v_t[r]))
+                traj[r][1].append(float(reward[r]))
+        go = game_over.cpu().numpy()
+        for r in np.flatnonzero(go):
+            if done[r] < args.eval_episodes:
+                results_score[r].append(float(score[r]))
+                results_explore[r].append(float(explore[r]))
+                if len(value_episodes) < collect_values:
+                    value_episodes.append((int(r), traj[r][0], traj[r][1]))
+            done[r] += 1
+            traj[r] = ([], [])
+        boards = torch.where(game_over[:, None, None], empty_board, after.boards[runs, action])
+        states = torch.where(game_over.view(-1, *[1] * (states.dim() - 1)), empty_state, cand_states[runs, action])
+        score.masked_fill_(game_over, 0)
+        explore.masked_fill_(game_over, 0)
+        pieces = pieces_tensor[torch.randint(len(pieces_tensor), (R,), generator=rng, device=device)]
+    per_run = [float(np.mean(s)) for s in results_score]
+    return {
+        "episodes": int(args.eval_episodes * R),
+        "mean_score": float(np.mean(per_run)),
+        "mean_score_per_run": per_run,
+        "exploratory_actions_per_episode": float(np.mean([np.mean(e) for e in results_explore])),
+        "value_episodes": value_episodes,
+    }
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

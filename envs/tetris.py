@@ -1,0 +1,380 @@
+"""Placement-level Tetris and stochastic SZ-Tetris (Elfwing, Uchibe & Doya 2018, §3.1-3.2).
+
+The only code the scripts share. Three layers, each usable on its own:
+
+1. Rules: the seven tetrominoes with ids I, O, T, S, Z, J, L = 0..6, their distinct rotations, and the placement
+   table (a placement = a rotation plus the column of the piece's left edge; the piece drops straight down).
+   On a 10-wide board that gives 17 placements for I, S and Z, 9 for O and 34 for T, J and L.
+2. `AfterstateEngine`: for B boards and their current pieces, one batched torch call returns every placement's
+   afterstate (full rows cleared), the rows cleared, the game-over flag and a validity mask. This is what the
+   agents use: no Python loop over placements or boards.
+3. `TetrisEnv`: a Gymnasium environment with its own plain NumPy simulation of the same rules (written
+   independently of the engine, so the two can be checked against each other), registered on `import envs` as
+   `envs/SZTetris-v0`, `envs/Tetris-v0` (10x20, seven pieces) and `envs/Tetris10x10-v0`.
+
+Plus the state features of §3.1: 10 column heights, 9 signed adjacent height differences, the number of holes, and
+their binary encoding (460 inputs at 10x20, 260 at 10x10).
+
+Game-over rule (shared/reference/tetris.md §0, the SZ-Tetris rule of Szita & Szepesvari applied to every variant):
+a placement is allowed only if all four cells rest inside the board *before* any row is cleared; playing one that
+does not fit ends the game and leaves the board as it was.
+
+Coordinates: boards are (H, W) arrays of 0/1 with row 0 at the top, as the observation shows them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+PIECE_NAMES = ("I", "O", "T", "S", "Z", "J", "L")
+I, O, T, S, Z, J, L = range(7)  # noqa: E741  (the pieces are named by their letters)
+MAX_PLACEMENTS = 34  # T, J and L on a 10-wide board; the size of every variant's action space
+
+# Pieces drawn in their spawn orientation, top row first ("X" = cell).
+_PIECE_PICTURES = {
+    I: ["XXXX"],
+    O: ["XX", "XX"],
+    T: [".X.", "XXX"],
+    S: [".XX", "XX."],
+    Z: ["XX.", ".XX"],
+    J: ["X..", "XXX"],
+    L: ["..X", "XXX"],
+}
+
+# Variants: (height, width, pieces drawn uniformly at random)
+VARIANTS = {
+    "sz": (20, 10, (S, Z)),
+    "tetris": (20, 10, tuple(range(7))),
+    "tetris10x10": (10, 10, tuple(range(7))),
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 1. Rules: rotations and the placement table
+# ----------------------------------------------------------------------------------------------------------------------
+def _normalise(cells):
+    """Shift (row, col) cells so the bounding box starts at (0, 0); sorted, hashable."""
+    r0 = min(r for r, _ in cells)
+    c0 = min(c for _, c in cells)
+    return tuple(sorted((r - r0, c - c0) for r, c in cells))
+
+
+def rotations(piece: int) -> list[tuple[tuple[int, int], ...]]:
+    """Distinct rotations of a piece as (row, col) cells with row 0 at the top of its bounding box.
+
+    The spawn picture first, then successive clockwise quarter turns, duplicates dropped (a 180-degree turn of I, S or
+    Z gives the same cells; every turn of O does): I 2, O 1, T 4, S 2, Z 2, J 4, L 4.
+    """
+    picture = _PIECE_PICTURES[piece]
+    cells = [(r, c) for r, row in enumerate(picture) for c, ch in enumerate(row) if ch == "X"]
+    distinct = []
+    for _ in range(4):
+        shape = _normalise(cells)
+        if shape not in distinct:
+            distinct.append(shape)
+        cells = [(c, -r) for r, c in cells]  # clockwise quarter turn
+    return distinct
+
+
+def placements(piece: int, width: int = 10) -> list[tuple[int, int]]:
+    """The placement table of a piece: index -> (rotation, left column). Rotations in `rotations` order."""
+    table = []
+    for rot, shape in enumerate(rotations(piece)):
+        piece_width = max(c for _, c in shape) + 1
+        table.extend((rot, col) for col in range(width - piece_width + 1))
+    return table
+
+
+def num_placements(piece: int, width: int = 10) -> int:
+    return len(placements(piece, width))
+
+
+def action_mask(piece: int, width: int = 10) -> np.ndarray:
+    """(34,) int8 mask of the placement indices defined for `piece`."""
+    mask = np.zeros(MAX_PLACEMENTS, dtype=np.int8)
+    mask[: num_placements(piece, width)] = 1
+    return mask
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 2. Features (§3.1): Bertsekas-style heights, signed differences and holes, and their binary encoding
+# ----------------------------------------------------------------------------------------------------------------------
+def column_heights(boards: torch.Tensor) -> torch.Tensor:
+    """(..., H, W) 0/1 boards -> (..., W) heights: rows from the floor up to the highest filled cell (0 if empty)."""
+    height = boards.shape[-2]
+    row_height = torch.arange(height, 0, -1, device=boards.device, dtype=torch.uint8)  # H at the top row .. 1
+    return (boards.to(torch.uint8) * row_height[:, None]).amax(-2).long()
+
+
+def holes(boards: torch.Tensor) -> torch.Tensor:
+    """(..., H, W) -> (...) number of empty cells with at least one filled cell above them in their column.
+
+    Every filled cell lies at or below its column's highest filled cell, so a column holds height - filled holes.
+    """
+    return column_heights(boards).sum(-1) - boards.to(torch.uint8).sum((-2, -1))
+
+
+def features_from_heights(heights: torch.Tensor, n_holes: torch.Tensor) -> torch.Tensor:
+    """(..., W) heights and (...) holes -> (..., 2W): W heights, W-1 signed differences h[k+1]-h[k], holes (§3.1)."""
+    return torch.cat([heights, heights[..., 1:] - heights[..., :-1], n_holes[..., None]], -1)
+
+
+def bertsekas_features(boards: torch.Tensor) -> torch.Tensor:
+    """(..., H, W) boards -> (..., 2W) integer features (see `features_from_heights`)."""
+    return features_from_heights(column_heights(boards), holes(boards))
+
+
+def binary_feature_length(height: int, width: int = 10) -> int:
+    """Length of the binary state vector: 460 at 10x20 and 260 at 10x10 (the paper's numbers)."""
+    return (2 * width - 1) * (height + 1) + height + 41
+
+
+def binary_feature_indices(features: torch.Tensor, height: int) -> torch.Tensor:
+    """(..., 2W) integer features -> (..., 2W) indices of the active bits in the binary state vector.
+
+    Project choice (shared/reference/tetris.md §0; the paper gives only the lengths 460 and 260): one-hot blocks of
+    H+1 bins per column height (0..H), H+1 bins per signed difference clipped to [-H/2, H/2], and H+41 bins for the
+    holes clipped to 0..H+40. Exactly one bit is active per feature, 2W = 20 in all.
+    """
+    width = (features.shape[-1]) // 2
+    bins = height + 1
+    heights, diffs, n_holes = features[..., :width], features[..., width:-1], features[..., -1:]
+    height_idx = torch.arange(width, device=features.device) * bins + heights
+    half = height // 2
+    diff_idx = width * bins + torch.arange(width - 1, device=features.device) * bins + diffs.clamp(-half, half) + half
+    hole_idx = (2 * width - 1) * bins + n_holes.clamp(0, height + 40)
+    return torch.cat([height_idx, diff_idx, hole_idx], -1)
+
+
+def binary_features(boards: torch.Tensor) -> torch.Tensor:
+    """(..., H, W) boards -> (..., F) float 0/1 binary state vectors (F = 460 at 10x20)."""
+    height, width = boards.shape[-2:]
+    idx = binary_feature_indices(bertsekas_features(boards), height)
+    out = torch.zeros(*idx.shape[:-1], binary_feature_length(height, width), device=boards.device)
+    return out.scatter_(-1, idx, 1.0)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 3. The batched afterstate engine
+# ----------------------------------------------------------------------------------------------------------------------
+class Afterstates(NamedTuple):
+    boards: torch.Tensor  # (B, P, H, W) uint8: board after the drop and the row clears (the input board if game over)
+    rows_cleared: torch.Tensor  # (B, P) long
+    game_over: torch.Tensor  # (B, P) bool: the piece does not fit inside the board at this placement
+    valid: torch.Tensor  # (B, P) bool: the placement index is defined for the piece
+    heights: torch.Tensor  # (B, P, W) long: column heights of each afterstate
+    holes: torch.Tensor  # (B, P) long: holes of each afterstate
+
+    def features(self) -> torch.Tensor:
+        """(B, P, 2W) Bertsekas-style features of every afterstate, equal to bertsekas_features(self.boards)."""
+        return features_from_heights(self.heights, self.holes)
+
+
+class AfterstateEngine:
+    """Every placement's afterstate for B boards at once.
+
+    Drop rule: with column heights h, a rotation whose lowest cell in its j-th column sits `bottom[j]` rows above the
+    bounding box's bottom, placed with its left edge at column c, comes to rest with the box's bottom row at
+    y0 = max_j(h[c+j] - bottom[j]) (rows counted from the floor). It fits iff y0 + box height <= H.
+
+    The afterstate's heights and holes follow without scanning the new boards: a covered column's height becomes
+    y0 + top[j] (its highest piece cell), and the piece adds y0 + bottom[j] - h[c+j] holes under its lowest cell in each
+    covered column. Row clears are rare, so full rows are found from per-row cell counts, and only the boards that clear
+    rows are compacted and rescanned.
+
+    `num_placements` (P) defaults to the largest placement count among the variant's pieces (17 for SZ-Tetris,
+    34 otherwise), so SZ-Tetris agents do not carry 17 padding slots.
+    """
+
+    def __init__(self, height: int = 20, width: int = 10, pieces=tuple(range(7)), device="cpu", num_placements=None):
+        self.height, self.width, self.device = height, width, torch.device(device)
+        if num_placements is None:
+            num_placements = max(len(placements(p, width)) for p in pieces)
+        self.num_placements = P = num_placements
+        valid = torch.zeros(7, P, dtype=torch.bool)
+        cols = torch.zeros(7, P, 4, dtype=torch.long)  # board column of each cell
+        dy = torch.zeros(7, P, 4, dtype=torch.long)  # cell height above the box's bottom row
+        bottom = torch.full((7, P, width), 10**6, dtype=torch.long)  # lowest cell per board column; huge = not covered
+        top = torch.full((7, P, width), -(10**6), dtype=torch.long)  # 1 + highest cell per board column
+        box_height = torch.zeros(7, P, dtype=torch.long)
+        for piece in range(7):
+            shapes = rotations(piece)
+            for p, (rot, left) in enumerate(placements(piece, width)[:P]):
+                shape = shapes[rot]
+                h = max(r for r, _ in shape) + 1
+                valid[piece, p] = True
+                box_height[piece, p] = h
+                for k, (r, c) in enumerate(shape):
+                    cols[piece, p, k] = left + c
+                    dy[piece, p, k] = h - 1 - r
+                for c in {c for _, c in shape}:
+                    bottom[piece, p, left + c] = min(h - 1 - r for r, cc in shape if cc == c)
+                    top[piece, p, left + c] = max(h - r for r, cc in shape if cc == c)
+        self.valid, self.cols, self.dy, self.bottom, self.top, self.box_height = (
+            t.to(self.device) for t in (valid, cols, dy, bottom, top, box_height)
+        )
+
+    def __call__(self, boards: torch.Tensor, pieces: torch.Tensor) -> Afterstates:
+        """boards (B, H, W) 0/1, pieces (B,) long -> Afterstates with P placements per board."""
+        B, H, W = boards.shape
+        P = self.num_placements
+        boards = boards.to(torch.uint8)
+        heights = column_heights(boards)  # (B, W)
+        row_fill = boards.sum(-1)  # (B, H) cells per row
+        n_holes = heights.sum(-1) - row_fill.sum(-1)  # (B,)
+        bottom, top = self.bottom[pieces], self.top[pieces]  # (B, P, W)
+        covered = bottom < H
+        y0 = (heights[:, None, :] - bottom).amax(-1)  # (B, P) resting row of the box's bottom, from the floor
+        game_over = y0 + self.box_height[pieces] > H
+        fits = ~game_over
+        rows = (H - 1 - (y0[..., None] + self.dy[pieces])).clamp(0, H - 1)  # (B, P, 4) cell rows, top = 0
+        cell = fits.to(torch.uint8)[..., None].expand(B, P, 4)
+        after = boards[:, None].expand(B, P, H, W).reshape(B, P, H * W).clone()
+        after.scatter_(-1, rows * W + self.cols[pieces], cell)
+        after = after.view(B, P, H, W)
+        # Heights and holes before any row is cleared.
+        new_heights = torch.where(covered & fits[..., None], y0[..., None] + top, heights[:, None, :])
+        gaps = (y0[..., None] + bottom - heights[:, None, :]) * covered
+        new_holes = n_holes[:, None] + gaps.sum(-1) * fits
+        fill = row_fill[:, None, :].expand(B, P, H).to(torch.long).scatter_add(-1, rows, cell.to(torch.long))
+        full = fill == W  # (B, P, H)
+        rows_cleared = full.sum(-1)
+        cleared = rows_cleared > 0
+        if bool(cleared.any()):  # rare: compact only the boards that clear rows, then rescan them
+            sub, sub_full = after[cleared], full[cleared]  # (n, H, W), (n, H)
+            # A stable sort moves the full rows to the top in their order and keeps the others' order; blank them.
+            keep_sorted, order = (~sub_full).to(torch.uint8).sort(dim=-1, stable=True)
+            sub = sub.gather(1, order[..., None].expand_as(sub)) * keep_sorted[..., None]
+            after[cleared] = sub
+            new_heights[cleared] = column_heights(sub)
+            new_holes[cleared] = holes(sub)
+        return Afterstates(after, rows_cleared, game_over, self.valid[pieces], new_heights, new_holes)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 4. The Gymnasium environment (its own NumPy simulation of the rules)
+# ----------------------------------------------------------------------------------------------------------------------
+_CELL_COLOURS = np.array([[16, 16, 24], [200, 200, 210]], dtype=np.uint8)
+
+
+class PlacementSpace(gym.spaces.Discrete):
+    """Discrete(34) whose `sample()` draws among the placements defined for the current piece.
+
+    The env keeps `current_mask` up to date, so random agents (and gymnasium's env checker) only play legal indices;
+    an explicit `mask=` still takes precedence.
+    """
+
+    def __init__(self, n: int = MAX_PLACEMENTS, seed=None):
+        super().__init__(n, seed=seed)
+        self.current_mask = np.ones(n, dtype=np.int8)
+
+    def sample(self, mask=None, probability=None):
+        if mask is None and probability is None:
+            mask = self.current_mask
+        return super().sample(mask=mask, probability=probability)
+
+
+class TetrisEnv(gym.Env):
+    """Placement-level Tetris. Observation Dict(board=(H, W) uint8 0/1, row 0 at the top; piece=Discrete(7)).
+
+    Action: a placement index in Discrete(34); `info["action_mask"]` marks the indices defined for the current piece
+    and any other index raises ValueError. Reward: rows cleared. `terminated`: the chosen placement does not fit
+    inside the board (the board is then left unchanged). There is no time limit.
+    """
+
+    metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
+
+    def __init__(self, variant: str = "sz", render_mode: str | None = None, height=None, width=None, pieces=None):
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown Tetris variant {variant!r}; choose one of {sorted(VARIANTS)}")
+        h, w, p = VARIANTS[variant]
+        self.height, self.width = height or h, width or w
+        self.pieces = tuple(pieces) if pieces is not None else p
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        self.render_mode = render_mode
+        self.observation_space = gym.spaces.Dict(
+            {
+                "board": gym.spaces.Box(0, 1, (self.height, self.width), dtype=np.uint8),
+                "piece": gym.spaces.Discrete(7),
+            }
+        )
+        self.action_space = PlacementSpace(MAX_PLACEMENTS)
+        # piece -> list of (cells as (row, col) top-down, width) per placement index
+        self._table = {}
+        for piece in range(7):
+            shapes = rotations(piece)
+            self._table[piece] = [(shapes[rot], col) for rot, col in placements(piece, self.width)]
+        self.board = np.zeros((self.height, self.width), dtype=np.uint8)
+        self.piece = self.pieces[0]
+        self.lines = 0
+
+    def _obs(self):
+        return {"board": self.board.copy(), "piece": self.piece}
+
+    def _info(self):
+        mask = action_mask(self.piece, self.width)
+        self.action_space.current_mask = mask
+        return {"action_mask": mask, "lines": self.lines}
+
+    def _draw_piece(self):
+        self.piece = int(self.pieces[self.np_random.integers(len(self.pieces))])
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.board = np.zeros((self.height, self.width), dtype=np.uint8)
+        self.lines = 0
+        self._draw_piece()
+        return self._obs(), self._info()
+
+    def step(self, action):
+        table = self._table[self.piece]
+        action = int(action)
+        if not 0 <= action < len(table):
+            raise ValueError(
+                f"placement {action} is not defined for piece {PIECE_NAMES[self.piece]} "
+                f"(valid: 0..{len(table) - 1}; see info['action_mask'])"
+            )
+        shape, col = table[action]
+        # Drop from above the board one row at a time until the next row down would collide or leave the board.
+        top = -(max(r for r, _ in shape) + 1)
+        while all(
+            r + top + 1 < self.height and (r + top + 1 < 0 or not self.board[r + top + 1, c + col]) for r, c in shape
+        ):
+            top += 1
+        if any(r + top < 0 for r, _ in shape):
+            return self._obs(), 0.0, True, False, self._info()
+        for r, c in shape:
+            self.board[r + top, c + col] = 1
+        full = self.board.all(1)
+        cleared = int(full.sum())
+        if cleared:
+            kept = self.board[~full]
+            self.board = np.vstack([np.zeros((cleared, self.width), dtype=np.uint8), kept])
+        self.lines += cleared
+        self._draw_piece()
+        return self._obs(), float(cleared), False, False, self._info()
+
+    def render(self):
+        if self.render_mode == "ansi":
+            rows = ["|" + "".join("#" if v else "." for v in row) + "|" for row in self.board]
+            footer = "+" + "-" * self.width + "+"
+            return "\n".join([f"next: {PIECE_NAMES[self.piece]}  lines: {self.lines}", *rows, footer]) + "\n"
+        if self.render_mode == "rgb_array":
+            scale = 16
+            img = _CELL_COLOURS[self.board].repeat(scale, 0).repeat(scale, 1)
+            img[::scale, :] = 60  # grid lines
+            img[:, ::scale] = 60
+            return img
+        return None
+
+
+gym.register("envs/SZTetris-v0", entry_point=TetrisEnv, kwargs={"variant": "sz"})
+gym.register("envs/Tetris-v0", entry_point=TetrisEnv, kwargs={"variant": "tetris"})
+gym.register("envs/Tetris10x10-v0", entry_point=TetrisEnv, kwargs={"variant": "tetris10x10"})
+
+ENV_VARIANTS = {"envs/SZTetris-v0": "sz", "envs/Tetris-v0": "tetris", "envs/Tetris10x10-v0": "tetris10x10"}
