@@ -215,7 +215,7 @@ def dsilu(z):
 
 
 def dsilu_derivative(z):
-    """da/dz of the dSiLU (eq. 12 without the input factor): sigma(z)(1 - sigma(z))(2 + z(1 - sigma(z)) - z sigma(z))."""
+    """da/dz of the dSiLU (eq. 12 without the input s_i): sigma(z)(1-sigma(z))(2 + z(1-sigma(z)) - z sigma(z))."""
     s = torch.sigmoid(z)
     return s * (1 - s) * (2 + z * (1 - s) - z * s)
 
@@ -582,7 +582,8 @@ def main(args: Args) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
-    run_name = f"{args.env_id.split('/')[-1]}__{args.exp_name}__{args.network}-{args.activation}__{args.seed}__{int(time.time())}"
+    env_name = args.env_id.split("/")[-1]
+    run_name = f"{env_name}__{args.exp_name}__{args.network}-{args.activation}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join("runs", run_name)
     os.makedirs(run_dir, exist_ok=True)
     if args.track:

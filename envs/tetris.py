@@ -164,7 +164,7 @@ def binary_features(boards: torch.Tensor) -> torch.Tensor:
 class Afterstates(NamedTuple):
     boards: torch.Tensor  # (B, P, H, W) uint8: board after the drop and the row clears (the input board if game over)
     rows_cleared: torch.Tensor  # (B, P) long
-    game_over: torch.Tensor  # (B, P) bool: the piece does not fit inside the board at this placement
+    game_over: torch.Tensor  # (B, P) bool: the piece does not fit inside the board (always True where not valid)
     valid: torch.Tensor  # (B, P) bool: the placement index is defined for the piece
     heights: torch.Tensor  # (B, P, W) long: column heights of each afterstate
     holes: torch.Tensor  # (B, P) long: holes of each afterstate
@@ -200,7 +200,8 @@ class AfterstateEngine:
         dy = torch.zeros(7, P, 4, dtype=torch.long)  # cell height above the box's bottom row
         bottom = torch.full((7, P, width), 10**6, dtype=torch.long)  # lowest cell per board column; huge = not covered
         top = torch.full((7, P, width), -(10**6), dtype=torch.long)  # 1 + highest cell per board column
-        box_height = torch.zeros(7, P, dtype=torch.long)
+        box_height = torch.full((7, P), 10**6, dtype=torch.long)  # undefined slots never fit: they change nothing
+        bottom[:, :, 0] = 0
         for piece in range(7):
             shapes = rotations(piece)
             for p, (rot, left) in enumerate(placements(piece, width)[:P]):
@@ -208,6 +209,7 @@ class AfterstateEngine:
                 h = max(r for r, _ in shape) + 1
                 valid[piece, p] = True
                 box_height[piece, p] = h
+                bottom[piece, p, 0] = 10**6
                 for k, (r, c) in enumerate(shape):
                     cols[piece, p, k] = left + c
                     dy[piece, p, k] = h - 1 - r
@@ -234,7 +236,7 @@ class AfterstateEngine:
         rows = (H - 1 - (y0[..., None] + self.dy[pieces])).clamp(0, H - 1)  # (B, P, 4) cell rows, top = 0
         cell = fits.to(torch.uint8)[..., None].expand(B, P, 4)
         after = boards[:, None].expand(B, P, H, W).reshape(B, P, H * W).clone()
-        after.scatter_(-1, rows * W + self.cols[pieces], cell)
+        after.scatter_reduce_(-1, rows * W + self.cols[pieces], cell, reduce="amax")  # a piece that does not fit adds 0
         after = after.view(B, P, H, W)
         # Heights and holes before any row is cleared.
         new_heights = torch.where(covered & fits[..., None], y0[..., None] + top, heights[:, None, :])
