@@ -89,10 +89,12 @@ class Args:
     save_model: bool = False
     """save the parameters of every run to runs/{run_name}/td_lambda_tetris.pt at the end"""
     load_model: str | None = None
-    """checkpoint to start from (training continues from its episode counters; with --total-episodes 0 only
-    evaluates)"""
+    """checkpoint to start from: training continues from its episode counters and score history (the interrupted
+    episodes start afresh); with --total-episodes 0 it only evaluates"""
     log_every_seconds: float = 10.0
     """how often the progress line is printed and the tensorboard scalars are written"""
+    checkpoint_every_minutes: float = 10.0
+    """how often summary.json, the learning curve and (with --save-model) the checkpoint are rewritten mid-run"""
 
     # --- environment ---
     env_id: str = "envs/SZTetris-v0"
@@ -291,12 +293,20 @@ def shallow_value_and_grad(params, idx: torch.Tensor, activation: str):
 # ----------------------------------------------------------------------------------------------------------------------
 # Deep network on the raw board (§3.1), batched over runs with torch.func
 # ----------------------------------------------------------------------------------------------------------------------
+def same_max_pool(x: torch.Tensor) -> torch.Tensor:
+    """3x3 max-pooling with stride 2 and 'same' output size ceil(n/2), padding the bottom and right with -inf as
+    TensorFlow's 'SAME' pooling does (so 20x10 -> 10x5 -> 5x3, the sizes of tetris.md §0)."""
+    h, w = x.shape[-2:]
+    pad_h, pad_w = max(2 * ((h + 1) // 2 - 1) + 3 - h, 0), max(2 * ((w + 1) // 2 - 1) + 3 - w, 0)
+    return F.max_pool2d(F.pad(x, (0, pad_w, 0, pad_h), value=float("-inf")), 3, 2)
+
+
 class DeepValueNet(nn.Module):
     """conv 15 5x5/1 -> max-pool 3x3/2 -> conv 50 5x5/1 -> max-pool 3x3/2 -> fc 250 -> linear (§3.1).
 
-    The paper gives no padding; we use 'same' padding (2) for the convolutions and ceil-mode pooling, so a 20x10 board
-    becomes 10x5 then 5x3 and the fully connected layer sees 50*5*3 = 750 inputs (project choice, tetris.md §0).
-    `activation` "silu-dsilu" = SiLU in the conv layers, dSiLU in the fully connected layer.
+    The paper gives no padding; we use 'same' padding (2) for the convolutions and 'same' pooling (output ceil(n/2)),
+    so a 20x10 board becomes 10x5 then 5x3 and the fully connected layer sees 50*5*3 = 750 inputs (project choice,
+    tetris.md §0). `activation` "silu-dsilu" = SiLU in the conv layers, dSiLU in the fully connected layer.
     """
 
     def __init__(self, height: int, width: int, activation: str):
@@ -305,16 +315,15 @@ class DeepValueNet(nn.Module):
         self.conv_act, self.fc_act = ACTIVATIONS[conv_act], ACTIVATIONS[fc_act]
         self.conv1 = nn.Conv2d(1, 15, 5, padding=2)
         self.conv2 = nn.Conv2d(15, 50, 5, padding=2)
-        h, w = math.ceil(height / 2), math.ceil(width / 2)  # ceil pooling 3/2 on even or odd sizes
-        h, w = (h - 1) // 2 + 1, (w - 1) // 2 + 1
+        h, w = (height + 3) // 4, (width + 3) // 4  # ceil(ceil(n/2)/2)
         self.fc = nn.Linear(50 * h * w, 250)
         self.out = nn.Linear(250, 1)
 
     def forward(self, boards: torch.Tensor) -> torch.Tensor:
         x = boards.float().unsqueeze(-3)  # (N, 1, H, W)
-        x = F.max_pool2d(self.conv_act(self.conv1(x)), 3, 2, ceil_mode=True)  # (N, 15, H/2, W/2)
-        x = F.max_pool2d(self.conv_act(self.conv2(x)), 3, 2, ceil_mode=True)  # (N, 50, H/4, W/4)
-        x = self.fc_act(self.fc(x.flatten(1)))  # (N, 250)
+        x = same_max_pool(self.conv_act(self.conv1(x)))  # (N, 15, H/2, W/2)
+        x = same_max_pool(self.conv_act(self.conv2(x)))  # (N, 50, H/4, W/4)
+        x = self.fc_act(self.fc(x.flatten(-3)))  # (N, 250)
         return self.out(x).squeeze(-1)  # (N,)
 
 
@@ -362,19 +371,19 @@ def softmax_probabilities(values: torch.Tensor, tau: torch.Tensor, valid: torch.
 def select_placement(values, tau, valid, uniform, epsilon=None):
     """Sample a placement per run; returns (action, exploratory).
 
-    softmax (eq. 14) by the Gumbel-max trick on the given uniforms (R, P); epsilon-greedy when `epsilon` is given
-    (uniform[:, 0] decides exploration, the rest picks among the valid placements). An action is exploratory when it
-    is not the greedy one (Table 3).
+    uniform (R, P + 1) are U(0, 1) draws. Softmax (eq. 14) by the Gumbel-max trick on uniform[:, :P]; epsilon-greedy
+    when `epsilon` is given: uniform[:, P] < epsilon explores, picking uniformly among the valid placements by
+    uniform[:, :P]. An action is exploratory when it is not the greedy one (Table 3).
     """
+    P = values.shape[-1]
     greedy = values.masked_fill(~valid, float("-inf")).argmax(-1)
     if epsilon is None:
-        gumbel = -torch.log(-torch.log(uniform.clamp(1e-20, 1 - 1e-7)))
+        gumbel = -torch.log(-torch.log(uniform[:, :P].clamp(1e-20, 1 - 1e-7)))
         logits = (values / tau[:, None]).masked_fill(~valid, float("-inf"))
         action = (logits + gumbel).argmax(-1)
     else:
-        random_choice = uniform[:, 1:].masked_fill(~valid[:, 1:], -1.0)  # placement 0 is valid for every piece
-        random_choice = torch.cat([uniform[:, 1:2].clamp_min(0), random_choice], -1).argmax(-1)
-        action = torch.where(uniform[:, 0] < epsilon, random_choice, greedy)
+        random_choice = uniform[:, :P].masked_fill(~valid, -1.0).argmax(-1)
+        action = torch.where(uniform[:, P] < epsilon, random_choice, greedy)
     return action, action != greedy
 
 
@@ -422,7 +431,10 @@ def architecture(args: Args) -> dict:
     return arch
 
 
-def save_checkpoint(path, args, params, episodes):
+def save_checkpoint(path, args, params, episodes, scores, lengths):
+    """Parameters, episode counters and the score history of every run; written atomically (tmp file + rename)."""
+    n = max(int(episodes.max()), 1)
+    tmp = f"{path}.tmp"
     torch.save(
         {
             "format": CHECKPOINT_FORMAT,
@@ -431,10 +443,13 @@ def save_checkpoint(path, args, params, episodes):
             "env_id": args.env_id,
             "params": {k: v.detach().cpu() for k, v in params.items()},
             "episodes": episodes.cpu(),
+            "scores": scores[:, :n].cpu(),
+            "lengths": lengths[:, :n].cpu(),
             "args": asdict(args),
         },
-        path,
+        tmp,
     )
+    os.replace(tmp, path)
 
 
 def load_checkpoint(path: str, args: Args) -> dict:
@@ -658,11 +673,16 @@ def main(args: Args) -> dict:
     )
 
     # --- training: every run plays its own game; tensors carry the run dimension ---
+    # Episode i of run r is stored at scores[r, i] (i counts from the first training segment, so a resumed run
+    # continues its learning curve); `episodes` is both that counter and the i of eq. 15.
     start_episode = episodes.clone()
     target = start_episode + args.total_episodes
-    E = args.total_episodes
-    scores = torch.zeros(R, max(E, 1), device=device)  # score of each finished episode (rows cleared)
-    lengths = torch.zeros(R, max(E, 1), dtype=torch.long, device=device)
+    capacity = max(int(target.max()), 1)
+    scores = torch.zeros(R, capacity, device=device)  # score (rows cleared) of each finished episode
+    lengths = torch.zeros(R, capacity, dtype=torch.long, device=device)  # placements of each finished episode
+    if ckpt is not None:
+        n = ckpt["scores"].shape[1]
+        scores[:, :n], lengths[:, :n] = ckpt["scores"].to(device), ckpt["lengths"].to(device)
     boards = empty_board.expand(R, height, width).clone()  # s_t: the current afterstate (empty board at the start)
     states = empty_state.expand(R, *empty_state.shape).clone()  # its network input (feature indices or board)
     pieces = new_pieces()
@@ -673,113 +693,133 @@ def main(args: Args) -> dict:
     abs_td_count = 0
     placements = 0
     t_start = time.time()
-    t_log = t_start
-    logged = np.zeros(R, dtype=np.int64)  # finished episodes already written to tensorboard, per run
+    t_log = t_checkpoint = t_start
+    logged = start_episode.cpu().numpy().copy()  # finished episodes already written to tensorboard, per run
     active = episodes < target
-    while E > 0 and bool(active.any()):
-        tau = temperature(episodes.float(), args.tau0, args.tau_k)
-        v_t, grad_t = value_and_grad(states)  # V(s_t), grad V(s_t) with the current theta_t
-        after = engine(boards, pieces)  # every placement's afterstate f(s_t, a)
-        cand_states = encode(after)
-        # Afterstates where the piece does not fit are terminal: V = 0 and no reward (tetris.md §0).
-        v_cand = value(cand_states).masked_fill(after.game_over, 0.0)
-        uniform = torch.rand(R, P, generator=rng, device=device)
-        action, _ = select_placement(v_cand, tau, after.valid, uniform)
-        game_over = after.game_over[runs, action]
-        reward = torch.exp(-after.holes[runs, action].float() / args.holes_scale).masked_fill(game_over, 0.0)  # eq. 16
-        td_error = reward + args.gamma * v_cand[runs, action] - v_t  # eq. 2 (V(s_{t+1}) = 0 when terminal)
-        decay = torch.where(first_step, 0.0, args.gamma * args.lam)
-        update_traces_and_params(params, eligibility, grad_t, decay, args.alpha * td_error * active)
-        abs_td_sum += td_error.abs() * active
-        abs_td_count += 1
-
-        # --- advance the games; a finished game restarts from the empty board with e = 0 ---
-        score += after.rows_cleared[runs, action]
-        length += 1
-        placements += int(active.sum())  # pieces placed by runs still learning (finished runs idle along)
-        slot = (episodes - start_episode).clamp(max=max(E, 1) - 1)
-        record = game_over & active
-        scores[runs, slot] = torch.where(record, score, scores[runs, slot])
-        lengths[runs, slot] = torch.where(record, length, lengths[runs, slot])
-        episodes += record
-        active = episodes < target
-        boards = torch.where(game_over[:, None, None], empty_board, after.boards[runs, action])
-        states = torch.where(game_over.view(-1, *[1] * (states.dim() - 1)), empty_state, cand_states[runs, action])
-        score.masked_fill_(game_over, 0)
-        length.masked_fill_(game_over, 0)
-        first_step = game_over
-        pieces = new_pieces()
-
-        now = time.time()
-        if now - t_log >= args.log_every_seconds or not bool(active.any()):
-            done = (episodes - start_episode).cpu().numpy()
-            sc = scores.cpu().numpy()
-            sps = placements / (now - t_start)
-            for r in range(R):
-                for ep in range(logged[r], done[r]):
-                    writer.add_scalar(f"run{r}/episode_score", sc[r, ep], ep)
-                    if (ep + 1) % 1000 == 0:
-                        writer.add_scalar(f"run{r}/mean_score_1000", sc[r, ep - 999 : ep + 1].mean(), ep + 1)
-                writer.add_scalar(f"run{r}/temperature", float(tau[r]), int(done[r]))
-                writer.add_scalar(f"run{r}/abs_td_error", float(abs_td_sum[r]) / max(abs_td_count, 1), int(done[r]))
-            logged = done.copy()
-            abs_td_sum.zero_()
-            abs_td_count = 0
-            writer.add_scalar("charts/placements_per_second", sps, placements)
-            recent = [sc[r, max(0, done[r] - 1000) : done[r]].mean() for r in range(R) if done[r] > 0]
-            mean_recent = float(np.mean(recent)) if recent else float("nan")
-            rate = done.min() / (now - t_start)
-            eta = (E - done.min()) / rate if rate > 0 else float("inf")
-            print(
-                f"episodes {int(done.min()):,}/{E:,} (slowest run) | placements {placements:,} | {sps:,.0f} "
-                f"placements/s | mean score, last 1000 ep. {mean_recent:.2f} | tau {float(tau.mean()):.4f} | "
-                f"ETA {fmt_time(eta) if math.isfinite(eta) else '?'} (at the current episode rate)",
-                flush=True,
-            )
-            t_log = now
-    train_time = time.time() - t_start
-
+    interrupted = False
     summary = {"args": asdict(args), "run_name": run_name, "device": str(device), "num_parameters_per_run": num_params}
-    if E > 0:
+
+    def write_outputs(complete: bool):
+        """summary.json, episodes.npz, the learning curve and (with --save-model) the checkpoint: at the end and
+        every --checkpoint-every-minutes, so a long run that is stopped keeps what it learned."""
+        elapsed = time.time() - t_start
+        counts = episodes.cpu().numpy()
         sc, ln = scores.cpu().numpy(), lengths.cpu().numpy()
-        window = min(args.final_window, E)
-        final = sc[:, E - window :].mean(1)
+        window = min(args.final_window, int(counts.min()))
+        final = np.array([sc[r, c - window : c].mean() for r, c in enumerate(counts)]) if window else np.zeros(R)
         summary.update(
+            complete=complete,
             global_step=placements,
-            placements_per_run=ln.sum(1).tolist(),
-            wall_time=train_time,
-            sps=placements / train_time,
+            episodes_per_run=counts.tolist(),
+            placements_per_run=[int(ln[r, : counts[r]].sum()) for r in range(R)],
+            wall_time=elapsed,
+            sps=placements / max(elapsed, 1e-9),
             final_window=window,
             final_score_per_run=final.tolist(),
             final_score_mean=float(final.mean()),
             final_score_std_over_runs=float(final.std()),
-            final_score_std_over_episodes=float(sc[:, E - window :].std()),
             final_score_best_run=float(final.max()),
             paper_final_score=PAPER_FINAL_SCORES.get((args.env_id, args.network, args.activation)),
         )
+        np.savez_compressed(os.path.join(run_dir, "episodes.npz"), scores=sc, lengths=ln, episodes=counts)
+        block = 1000 if counts.min() >= 1000 else max(int(counts.min()) // 10, 1)
+        title = f"{args.env_id} {args.network} {args.activation}, {R} run(s), {int(counts.min()):,} episodes"
+        write_learning_curve(run_dir, sc, counts, block, title, summary["paper_final_score"])
+        if args.save_model:
+            path = os.path.join(run_dir, "td_lambda_tetris.pt")
+            save_checkpoint(path, args, params, episodes, scores, lengths)
+            summary["checkpoint"] = path
+        with open(os.path.join(run_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+
+    try:
+        while bool(active.any()):
+            tau = temperature(episodes.float(), args.tau0, args.tau_k)
+            v_t, grad_t = value_and_grad(states)  # V(s_t), grad V(s_t) with the current theta_t
+            after = engine(boards, pieces)  # every placement's afterstate f(s_t, a)
+            cand_states = encode(after)
+            # Afterstates where the piece does not fit are terminal: V = 0 and no reward (tetris.md §0).
+            v_cand = value(cand_states).masked_fill(after.game_over, 0.0)
+            uniform = torch.rand(R, P + 1, generator=rng, device=device)
+            action, _ = select_placement(v_cand, tau, after.valid, uniform)
+            game_over = after.game_over[runs, action]
+            reward = torch.exp(-after.holes[runs, action].float() / args.holes_scale)  # eq. 16, 17
+            reward = reward.masked_fill(game_over, 0.0)
+            td_error = reward + args.gamma * v_cand[runs, action] - v_t  # eq. 2 (V(s_{t+1}) = 0 when terminal)
+            decay = torch.where(first_step, 0.0, args.gamma * args.lam)
+            update_traces_and_params(params, eligibility, grad_t, decay, args.alpha * td_error * active)
+            abs_td_sum += td_error.abs() * active
+            abs_td_count += 1
+
+            # --- advance the games; a finished game restarts from the empty board with e = 0 ---
+            score += after.rows_cleared[runs, action]
+            length += 1
+            placements += int(active.sum())  # pieces placed by runs still learning (finished runs idle along)
+            slot = episodes.clamp(max=capacity - 1)
+            record = game_over & active
+            scores[runs, slot] = torch.where(record, score, scores[runs, slot])
+            lengths[runs, slot] = torch.where(record, length, lengths[runs, slot])
+            episodes += record
+            active = episodes < target
+            boards = torch.where(game_over[:, None, None], empty_board, after.boards[runs, action])
+            states = torch.where(game_over.view(-1, *[1] * (states.dim() - 1)), empty_state, cand_states[runs, action])
+            score.masked_fill_(game_over, 0)
+            length.masked_fill_(game_over, 0)
+            first_step = game_over
+            pieces = new_pieces()
+
+            now = time.time()
+            if now - t_log >= args.log_every_seconds or not bool(active.any()):
+                done = episodes.cpu().numpy()
+                sc = scores.cpu().numpy()
+                sps = placements / (now - t_start)
+                for r in range(R):
+                    for ep in range(logged[r], done[r]):
+                        writer.add_scalar(f"run{r}/episode_score", sc[r, ep], ep)
+                        if (ep + 1) % 1000 == 0:
+                            writer.add_scalar(f"run{r}/mean_score_1000", sc[r, ep - 999 : ep + 1].mean(), ep + 1)
+                    writer.add_scalar(f"run{r}/temperature", float(tau[r]), int(done[r]))
+                    writer.add_scalar(f"run{r}/abs_td_error", float(abs_td_sum[r]) / max(abs_td_count, 1), int(done[r]))
+                logged = done.copy()
+                abs_td_sum.zero_()
+                abs_td_count = 0
+                writer.add_scalar("charts/placements_per_second", sps, placements)
+                recent = [sc[r, max(0, done[r] - 1000) : done[r]].mean() for r in range(R) if done[r] > 0]
+                mean_recent = float(np.mean(recent)) if recent else float("nan")
+                progress = (done - start_episode.cpu().numpy()).min()
+                rate = progress / (now - t_start)
+                eta = (args.total_episodes - progress) / rate if rate > 0 else float("inf")
+                print(
+                    f"episodes {int(progress):,}/{args.total_episodes:,} (slowest run) | placements {placements:,} | "
+                    f"{sps:,.0f} placements/s | mean score, last 1000 ep. {mean_recent:.2f} | "
+                    f"tau {float(tau.mean()):.4f} | ETA {fmt_time(eta) if math.isfinite(eta) else '?'} "
+                    "(at the current episode rate)",
+                    flush=True,
+                )
+                t_log = now
+                if now - t_checkpoint >= 60 * args.checkpoint_every_minutes:
+                    write_outputs(complete=False)
+                    t_checkpoint = now
+    except KeyboardInterrupt:
+        interrupted = True
+        print("interrupted: writing the summary, the learning curve and (with --save-model) the checkpoint")
+
+    if args.total_episodes > 0:
+        write_outputs(complete=not interrupted)
         for r in range(R):
-            writer.add_scalar(f"run{r}/final_score", final[r], E)
-        np.savez_compressed(os.path.join(run_dir, "episodes.npz"), scores=sc, lengths=ln)
-        write_learning_curve(
-            run_dir,
-            sc,
-            np.full(R, E),
-            1000 if E >= 1000 else max(E // 10, 1),
-            f"{args.env_id} {args.network} {args.activation}, {R} run(s), {E:,} episodes",
-            summary["paper_final_score"],
-        )
+            writer.add_scalar(f"run{r}/final_score", summary["final_score_per_run"][r], int(episodes[r]))
         print(
-            f"final mean score over the last {window} episodes: {final.mean():.2f} (runs: "
-            f"{', '.join(f'{v:.1f}' for v in final)}); paper: {summary['paper_final_score']}"
+            f"final mean score over the last {summary['final_window']} episodes: {summary['final_score_mean']:.2f} "
+            f"(runs: {', '.join(f'{v:.1f}' for v in summary['final_score_per_run'])}); "
+            f"paper: {summary['paper_final_score']}"
         )
+        if args.save_model:
+            print(f"saved {summary['checkpoint']}")
     else:
         summary.update(global_step=0, wall_time=0.0, sps=0.0)
-
-    if args.save_model:
-        path = os.path.join(run_dir, "td_lambda_tetris.pt")
-        save_checkpoint(path, args, params, episodes)
-        summary["checkpoint"] = path
-        print(f"saved {path}")
+        if args.save_model:
+            summary["checkpoint"] = os.path.join(run_dir, "td_lambda_tetris.pt")
+            save_checkpoint(summary["checkpoint"], args, params, episodes, scores, lengths)
 
     # --- evaluation without learning: Table 3 and the value analysis of §4.1 ---
     if args.eval_episodes > 0:
@@ -845,7 +885,7 @@ def evaluate(
         after = engine(boards, pieces)
         cand_states = encode(after)
         v_cand = value(cand_states).masked_fill(after.game_over, 0.0)
-        uniform = torch.rand(R, engine.num_placements, generator=rng, device=device)
+        uniform = torch.rand(R, engine.num_placements + 1, generator=rng, device=device)
         action, exploratory = select_placement(
             v_cand, tau, after.valid, uniform, epsilon=x if kind == "epsilon" else None
         )

@@ -24,6 +24,7 @@ Coordinates: boards are (H, W) arrays of 0/1 with row 0 at the top, as the obser
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import gymnasium as gym
@@ -133,6 +134,17 @@ def binary_feature_length(height: int, width: int = 10) -> int:
     return (2 * width - 1) * (height + 1) + height + 41
 
 
+@functools.lru_cache(maxsize=16)
+def _encoding_table(height: int, width: int, device: torch.device) -> torch.Tensor:
+    """(3, 2W) lower clip, upper clip and block offset of each feature in the binary vector."""
+    bins, half = height + 1, height // 2
+    lo = [0] * width + [-half] * (width - 1) + [0]
+    hi = [height] * width + [half] * (width - 1) + [height + 40]
+    offset = [k * bins for k in range(width)] + [(width + k) * bins + half for k in range(width - 1)]
+    offset.append((2 * width - 1) * bins)
+    return torch.tensor([lo, hi, offset], device=device)
+
+
 def binary_feature_indices(features: torch.Tensor, height: int) -> torch.Tensor:
     """(..., 2W) integer features -> (..., 2W) indices of the active bits in the binary state vector.
 
@@ -140,14 +152,8 @@ def binary_feature_indices(features: torch.Tensor, height: int) -> torch.Tensor:
     H+1 bins per column height (0..H), H+1 bins per signed difference clipped to [-H/2, H/2], and H+41 bins for the
     holes clipped to 0..H+40. Exactly one bit is active per feature, 2W = 20 in all.
     """
-    width = (features.shape[-1]) // 2
-    bins = height + 1
-    heights, diffs, n_holes = features[..., :width], features[..., width:-1], features[..., -1:]
-    height_idx = torch.arange(width, device=features.device) * bins + heights
-    half = height // 2
-    diff_idx = width * bins + torch.arange(width - 1, device=features.device) * bins + diffs.clamp(-half, half) + half
-    hole_idx = (2 * width - 1) * bins + n_holes.clamp(0, height + 40)
-    return torch.cat([height_idx, diff_idx, hole_idx], -1)
+    lo, hi, offset = _encoding_table(height, features.shape[-1] // 2, features.device)
+    return torch.maximum(torch.minimum(features, hi), lo) + offset
 
 
 def binary_features(boards: torch.Tensor) -> torch.Tensor:
@@ -216,27 +222,30 @@ class AfterstateEngine:
                 for c in {c for _, c in shape}:
                     bottom[piece, p, left + c] = min(h - 1 - r for r, cc in shape if cc == c)
                     top[piece, p, left + c] = max(h - r for r, cc in shape if cc == c)
-        self.valid, self.cols, self.dy, self.bottom, self.top, self.box_height = (
-            t.to(self.device) for t in (valid, cols, dy, bottom, top, box_height)
-        )
+        self.valid = valid.to(self.device)
+        # one gather per call: [bottom (W) | top (W) | box height (1) | cell columns (4) | cell heights (4)]
+        self.table = torch.cat([bottom, top, box_height[..., None], cols, dy], -1).to(self.device)
+        self.row_height = torch.arange(height, 0, -1, dtype=torch.uint8, device=self.device)[:, None]
 
     def __call__(self, boards: torch.Tensor, pieces: torch.Tensor) -> Afterstates:
         """boards (B, H, W) 0/1, pieces (B,) long -> Afterstates with P placements per board."""
         B, H, W = boards.shape
         P = self.num_placements
         boards = boards.to(torch.uint8)
-        heights = column_heights(boards)  # (B, W)
+        heights = (boards * self.row_height).amax(-2).long()  # (B, W), as column_heights
         row_fill = boards.sum(-1)  # (B, H) cells per row
         n_holes = heights.sum(-1) - row_fill.sum(-1)  # (B,)
-        bottom, top = self.bottom[pieces], self.top[pieces]  # (B, P, W)
+        table = self.table[pieces]  # (B, P, 2W + 9)
+        bottom, top, box_height = table[..., :W], table[..., W : 2 * W], table[..., 2 * W]
+        cols, dy = table[..., 2 * W + 1 : 2 * W + 5], table[..., 2 * W + 5 :]
         covered = bottom < H
         y0 = (heights[:, None, :] - bottom).amax(-1)  # (B, P) resting row of the box's bottom, from the floor
-        game_over = y0 + self.box_height[pieces] > H
+        game_over = y0 + box_height > H
         fits = ~game_over
-        rows = (H - 1 - (y0[..., None] + self.dy[pieces])).clamp(0, H - 1)  # (B, P, 4) cell rows, top = 0
+        rows = (H - 1 - (y0[..., None] + dy)).clamp(0, H - 1)  # (B, P, 4) cell rows, top = 0
         cell = fits.to(torch.uint8)[..., None].expand(B, P, 4)
         after = boards[:, None].expand(B, P, H, W).reshape(B, P, H * W).clone()
-        after.scatter_reduce_(-1, rows * W + self.cols[pieces], cell, reduce="amax")  # a piece that does not fit adds 0
+        after.scatter_reduce_(-1, rows * W + cols, cell, reduce="amax")  # a piece that does not fit adds 0
         after = after.view(B, P, H, W)
         # Heights and holes before any row is cleared.
         new_heights = torch.where(covered & fits[..., None], y0[..., None] + top, heights[:, None, :])

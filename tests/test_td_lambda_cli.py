@@ -1,0 +1,157 @@
+"""algos/td_lambda_tetris.py end to end: summary, checkpoints, evaluation, errors, and a short learning check."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import td_lambda_tetris as td
+import torch
+
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "algos", "td_lambda_tetris.py")
+
+
+def run(**kw):
+    kw.setdefault("log_every_seconds", 1000.0)
+    return td.main(td.Args(**kw))
+
+
+def test_training_writes_tensorboard_summary_and_curves_per_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    summary = run(total_episodes=30, num_runs=3, seed=5)
+    run_dir = tmp_path / "runs" / summary["run_name"]
+    saved = json.loads((run_dir / "summary.json").read_text())
+    for key in ("args", "global_step", "wall_time", "sps", "final_score_per_run", "final_score_mean"):
+        assert key in saved, key
+    assert len(saved["final_score_per_run"]) == 3 and saved["global_step"] == sum(saved["placements_per_run"])
+    assert saved["global_step"] >= 3 * 30 * 5  # every SZ-Tetris game places at least 5 pieces
+    assert any(p.name.startswith("events.out.tfevents") for p in run_dir.iterdir())
+    assert (run_dir / "learning_curve.csv").exists() and (run_dir / "learning_curve.png").exists()
+    episodes = np.load(run_dir / "episodes.npz")
+    assert episodes["scores"].shape == (3, 30) and (episodes["lengths"] > 0).all()
+
+
+def test_checkpoint_round_trip_is_exact_and_evaluation_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    summary = run(total_episodes=20, num_runs=2, save_model=True)
+    path = summary["checkpoint"]
+    ckpt = td.load_checkpoint(path, td.fill_defaults(td.Args(num_runs=2)))
+    assert ckpt["episodes"].tolist() == [20, 20]
+    params = td.init_shallow(2, 460, 50, seed=123, device="cpu")
+    for k in params:
+        params[k].copy_(ckpt["params"][k])
+    path2 = tmp_path / "again.pt"
+    args = td.fill_defaults(td.Args(num_runs=2))
+    td.save_checkpoint(path2, args, params, ckpt["episodes"], ckpt["scores"], ckpt["lengths"])
+    again = td.load_checkpoint(str(path2), args)
+    for k in params:
+        assert torch.equal(again["params"][k], ckpt["params"][k])
+    assert torch.equal(again["scores"], ckpt["scores"]) and ckpt["scores"].shape == (2, 20)
+    evaluated = run(
+        load_model=path,
+        num_runs=2,
+        total_episodes=0,
+        eval_episodes=3,
+        eval_selections=("softmax", "epsilon:0.05"),
+        value_analysis_episodes=4,
+    )
+    assert evaluated["eval"]["epsilon:0.05"]["episodes"] == 6
+    assert evaluated["value_analysis"]["episodes"] == 4
+    eval_dir = tmp_path / "runs" / evaluated["run_name"]
+    assert (eval_dir / "value_analysis.csv").exists() and (eval_dir / "value_analysis.png").exists()
+    resumed = run(load_model=path, num_runs=2, total_episodes=5, save_model=True)  # continues from episode 20
+    assert resumed["episodes_per_run"] == [25, 25]
+    history = td.load_checkpoint(resumed["checkpoint"], args)["scores"]
+    assert history.shape == (2, 25) and torch.equal(history[:, :20], ckpt["scores"])  # the curve continues
+
+
+def test_deep_network_trains_a_few_episodes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    summary = run(network="deep", total_episodes=3, num_runs=2)
+    assert summary["args"]["activation"] == "silu-dsilu" and summary["args"]["alpha"] == 0.0001
+    assert summary["num_parameters_per_run"] == 15 * 25 + 15 + 50 * 15 * 25 + 50 + 750 * 250 + 250 + 251
+
+
+def test_ten_by_ten_defaults_follow_section_3_2():
+    args = td.fill_defaults(td.Args(env_id="envs/Tetris10x10-v0"))
+    assert (args.hidden, args.total_episodes, args.holes_scale, args.final_window) == (250, 400_000, 16.5, 10_000)
+    args = td.fill_defaults(td.Args())
+    assert (args.hidden, args.total_episodes, args.holes_scale, args.alpha, args.lam) == (
+        50,
+        200_000,
+        33.0,
+        0.001,
+        0.55,
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"env_id": "envs/Pentris-v0"}, "unknown --env-id"),
+        ({"activation": "tanh"}, "not defined for --network shallow"),
+        ({"network": "deep", "activation": "dsilu"}, "not defined for --network deep"),
+        ({"num_runs": 0}, "--num-runs must be at least 1"),
+        ({"eval_selections": ("greedy",)}, "bad --eval-selections"),
+    ],
+)
+def test_bad_input_fails_with_one_line_before_anything_is_written(tmp_path, monkeypatch, kwargs, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=message) as err:
+        run(total_episodes=1, **kwargs)
+    assert "\n" not in str(err.value) and not (tmp_path / "runs").exists()
+
+
+def test_bad_checkpoints_fail_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    summary = run(total_episodes=2, save_model=True)
+    path = summary["checkpoint"]
+    before = sorted(os.listdir("runs"))
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"\x80\x04 this is not a checkpoint")
+    cases = [
+        ({"load_model": str(tmp_path / "missing.pt")}, "no such file"),
+        ({"load_model": str(corrupt)}, "not a readable checkpoint"),
+        ({"load_model": path, "hidden": 20}, "another architecture"),
+        ({"load_model": path, "activation": "relu"}, "another architecture"),
+        ({"load_model": path, "num_runs": 3}, "holds 1 runs"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(SystemExit, match=message) as err:
+            run(total_episodes=1, **kwargs)
+        assert "\n" not in str(err.value)
+    assert sorted(os.listdir("runs")) == before  # nothing new written, nothing lost
+
+
+def test_cli_prints_one_clear_line(tmp_path):
+    out = subprocess.run(
+        [sys.executable, SCRIPT, "--num-runs", "0"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode != 0 and out.stderr.strip() == "error: --num-runs must be at least 1, got 0"
+
+
+def random_policy_mean_score(games=300):
+    """Uniformly random legal placements on envs/SZTetris-v0 (tetris.md §0 measured 0.007 lines per game)."""
+    import gymnasium as gym
+
+    env = gym.make("envs/SZTetris-v0")
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    lines, finished = 0.0, 0
+    while finished < games:
+        _, reward, terminated, _, _ = env.step(env.action_space.sample())
+        lines += reward
+        if terminated:
+            finished += 1
+            env.reset()
+    return lines / games
+
+
+def test_shallow_dsilu_agent_clearly_beats_a_random_policy_within_a_minute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    random_score = random_policy_mean_score()
+    summary = run(total_episodes=2500, num_runs=2, seed=1, final_window=250)
+    assert random_score < 0.05
+    assert summary["final_score_mean"] > max(0.5, 20 * random_score), summary["final_score_per_run"]

@@ -1,0 +1,168 @@
+"""The maths of algos/td_lambda_tetris.py: activations (§2.2), gradients, traces (eq. 1, 2, 4), softmax (eq. 14, 15)."""
+
+import math
+
+import numpy as np
+import pytest
+import td_lambda_tetris as td
+import torch
+
+
+def test_dsilu_is_the_derivative_of_silu_and_its_derivative_is_eq_12():
+    z = torch.linspace(-8, 8, 401, dtype=torch.float64, requires_grad=True)
+    (d_silu,) = torch.autograd.grad(td.silu(z).sum(), z)
+    assert torch.allclose(td.dsilu(z), d_silu, atol=1e-12)  # eq. 10 / 11
+    (d_dsilu,) = torch.autograd.grad(td.dsilu(z).sum(), z)
+    assert torch.allclose(td.dsilu_derivative(z), d_dsilu, atol=1e-12)  # eq. 12
+    for name in td.SHALLOW_ACTIVATIONS:
+        a, da = td.activation_and_derivative(name, z.detach()[1::2])  # skip z = 0 where the ReLU has no derivative
+        zz = z.detach()[1::2].clone().requires_grad_(True)
+        (auto,) = torch.autograd.grad(td.ACTIVATIONS[name](zz).sum(), zz)
+        assert torch.allclose(a, td.ACTIVATIONS[name](zz.detach())) and torch.allclose(da, auto, atol=1e-12), name
+
+
+def test_extrema_stated_in_section_2_2():
+    z = torch.linspace(-6, 6, 1_200_001, dtype=torch.float64)
+    silu, dsilu = td.silu(z), td.dsilu(z)
+    assert abs(silu.min().item() + 0.278) < 1e-3 and abs(z[silu.argmin()].item() + 1.278) < 1e-3  # about -0.28 at -1.28
+    z_max, z_min = z[dsilu.argmax()].item(), z[dsilu.argmin()].item()
+    assert abs(dsilu.max().item() - 1.0998) < 1e-3 and abs(dsilu.min().item() + 0.0998) < 1e-3  # about 1.1 and -0.1
+    assert abs(z_max - 2.3994) < 1e-3 and abs(z_min + 2.3994) < 1e-3  # at about +-2.4
+    assert abs(z_max + math.log((z_max - 2) / (z_max + 2))) < 1e-3  # z = -log((z - 2)/(z + 2))
+
+
+@pytest.mark.parametrize("activation", td.SHALLOW_ACTIVATIONS)
+def test_shallow_hand_gradient_equals_autograd(activation):
+    torch.manual_seed(0)
+    R, F_, Hd = 3, 460, 50
+    params = td.init_shallow(R, F_, Hd, seed=0, device="cpu")
+    params = {k: v.double() for k, v in params.items()}
+    idx = torch.stack([torch.randperm(F_)[:20] for _ in range(R)])  # one state per run
+    value, grads = td.shallow_value_and_grad(params, idx, activation)
+    for r in range(R):
+        leaf = {k: v[r].clone().requires_grad_(True) for k, v in params.items()}
+        x = torch.zeros(F_, dtype=torch.float64)
+        x[idx[r]] = 1.0
+        v = td.ACTIVATIONS[activation](x @ leaf["W1"] + leaf["b1"]) @ leaf["w2"] + leaf["b2"]
+        auto = torch.autograd.grad(v, list(leaf.values()))
+        assert torch.allclose(value[r], v)
+        rows, g_hidden = grads["W1"]
+        dense_W1 = torch.zeros(F_, Hd, dtype=torch.float64).index_add_(0, rows[r], g_hidden[r].expand(20, Hd))
+        assert torch.allclose(dense_W1, auto[0])
+        for k, a in zip(("b1", "w2", "b2"), auto[1:], strict=True):
+            assert torch.allclose(grads[k][r], a), k
+    # the batched value over candidate placements agrees with the single-state value
+    assert torch.allclose(td.shallow_value(params, idx[:, None], activation)[:, 0], value)
+
+
+def test_deep_network_shapes_and_vmapped_gradient_equal_per_run_autograd():
+    params, base = td.init_deep(2, 20, 10, "silu-dsilu", seed=0, device="cpu")
+    assert params["fc.weight"].shape == (2, 250, 750)  # 50 x 5 x 3 inputs on a 20x10 board
+    boards = (torch.rand(2, 20, 10) < 0.3).to(torch.uint8)
+    value, grads = td.deep_value_and_grad(params, boards, base)
+    for r in range(2):
+        net = td.DeepValueNet(20, 10, "silu-dsilu")
+        net.load_state_dict({k: v[r] for k, v in params.items()})
+        v = net(boards[r : r + 1])[0]
+        auto = torch.autograd.grad(v, list(net.parameters()))
+        assert torch.allclose(v, value[r], atol=1e-6)
+        for (name, _), a in zip(net.named_parameters(), auto, strict=True):
+            assert torch.allclose(grads[name][r], a, atol=1e-6), name
+    cand = td.deep_value(params, boards[:, None].expand(2, 5, 20, 10), base)
+    assert cand.shape == (2, 5) and torch.allclose(cand[:, 0], value, atol=1e-6)
+    small, _ = td.init_deep(1, 10, 10, "relu-relu", seed=0, device="cpu")
+    assert small["fc.weight"].shape == (1, 250, 450)  # 10x10 board: 5x5 then 3x3
+
+
+def lambda_return_updates(x, rewards, w, alpha, gamma, lam):
+    """Forward view, independent of the script: sum_t alpha (G^lambda_t - V(s_t)) x_t with V = w.x held fixed.
+
+    G^lambda_t = (1 - lam) sum_{n>=1} lam^{n-1} G_t^{(n)}, the n-step returns truncated at the episode's end."""
+    T = len(rewards)
+    v = [float(w @ x[t]) for t in range(T)] + [0.0]  # V(terminal) = 0
+    total = np.zeros_like(w)
+    for t in range(T):
+        g_lambda = 0.0
+        for n in range(1, T - t + 1):
+            g_n = sum(gamma**k * rewards[t + k] for k in range(n)) + gamma**n * v[t + n]
+            weight = (1 - lam) * lam ** (n - 1) if n < T - t else lam ** (n - 1)
+            g_lambda += weight * g_n
+        total += alpha * (g_lambda - v[t]) * x[t]
+    return total
+
+
+def test_accumulating_traces_with_held_updates_equal_the_forward_view_lambda_return():
+    rng = np.random.default_rng(0)
+    T, d, alpha, gamma, lam = 12, 6, 0.1, 0.99, 0.55
+    x = rng.random((T, d))
+    rewards = rng.random(T)
+    w = rng.normal(size=d)
+    # backward view with the script's trace/update function, the parameter change accumulated, w held fixed
+    held = {"w": torch.zeros(1, d, dtype=torch.float64)}
+    eligibility = {"w": torch.zeros(1, d, dtype=torch.float64)}
+    v = [float(w @ x[t]) for t in range(T)] + [0.0]
+    for t in range(T):
+        td_error = rewards[t] + gamma * v[t + 1] - v[t]  # eq. 2
+        decay = torch.tensor([0.0 if t == 0 else gamma * lam], dtype=torch.float64)
+        grads = {"w": torch.as_tensor(x[t])[None]}  # grad of the linear V
+        td.update_traces_and_params(held, eligibility, grads, decay, torch.tensor([alpha * td_error]))
+    assert np.allclose(held["w"][0].numpy(), lambda_return_updates(x, rewards, w, alpha, gamma, lam), atol=1e-12)
+
+
+def test_sparse_w1_trace_equals_the_dense_trace():
+    torch.manual_seed(0)
+    R, F_, Hd = 2, 30, 4
+    dense_e, sparse_e = torch.zeros(R, F_, Hd), {"W1": torch.zeros(R, F_, Hd)}
+    theta_dense, theta_sparse = torch.zeros(R, F_, Hd), {"W1": torch.zeros(R, F_, Hd)}
+    for step in range(5):
+        rows = torch.stack([torch.randperm(F_)[:3] for _ in range(R)])
+        g = torch.randn(R, Hd)
+        decay = torch.tensor([0.5, 0.0 if step == 2 else 0.5])
+        size = torch.randn(R)
+        td.update_traces_and_params(theta_sparse, sparse_e, {"W1": (rows, g)}, decay, size)
+        dense_g = torch.zeros(R, F_, Hd)
+        for r in range(R):
+            dense_g[r, rows[r]] = g[r]
+        dense_e = decay[:, None, None] * dense_e + dense_g
+        theta_dense += size[:, None, None] * dense_e
+    assert torch.allclose(sparse_e["W1"], dense_e) and torch.allclose(theta_sparse["W1"], theta_dense)
+
+
+def test_temperature_schedule_eq_15():
+    episodes = torch.tensor([0.0, 4000.0, 10_000.0, 200_000.0])
+    tau = td.temperature(episodes, 0.5, 0.00025)
+    assert torch.allclose(tau, torch.tensor([0.5, 0.25, 0.5 / 3.5, 0.5 / 51]))
+    assert abs(tau[-1].item() - 0.0098) < 1e-4  # the final temperature of Table 3
+
+
+def test_softmax_selection_samples_eq_14():
+    torch.manual_seed(0)
+    values = torch.tensor([[1.0, 0.8, 0.2, 5.0]])
+    valid = torch.tensor([[True, True, True, False]])
+    tau = torch.tensor([0.25])
+    probs = td.softmax_probabilities(values, tau, valid)[0]
+    expected = torch.exp(values[0, :3] / 0.25) / torch.exp(values[0, :3] / 0.25).sum()
+    assert torch.allclose(probs[:3], expected) and probs[3] == 0
+    n = 200_000
+    action, exploratory = td.select_placement(values.expand(n, 4), tau.expand(n), valid.expand(n, 4), torch.rand(n, 5))
+    freq = torch.bincount(action, minlength=4).double() / n
+    assert torch.allclose(freq, probs.double(), atol=0.005)
+    assert torch.equal(exploratory, action != 0)
+
+
+def test_epsilon_greedy_selection_and_exploratory_count():
+    torch.manual_seed(0)
+    n = 100_000
+    values = torch.tensor([[0.1, 0.9, 0.3, 9.0]]).expand(n, 4)
+    valid = torch.tensor([[True, True, True, False]]).expand(n, 4)
+    greedy_only, explored = td.select_placement(values, None, valid, torch.rand(n, 5), epsilon=0.0)
+    assert torch.all(greedy_only == 1) and not explored.any()
+    action, explored = td.select_placement(values, None, valid, torch.rand(n, 5), epsilon=0.3)
+    freq = torch.bincount(action, minlength=4).double() / n
+    assert torch.allclose(freq, torch.tensor([0.1, 0.8, 0.1, 0.0], dtype=torch.float64), atol=0.01)
+    assert abs(explored.double().mean().item() - 0.2) < 0.01  # a random pick equal to the greedy one is not exploratory
+
+
+def test_discounted_returns():
+    r = np.array([1.0, 0.0, 2.0])
+    assert np.allclose(td.discounted_returns(r, 0.5), [1 + 0.25 * 2, 0.5 * 2, 2.0])
