@@ -389,3 +389,43 @@ gym.register("envs/Tetris-v0", entry_point=TetrisEnv, kwargs={"variant": "tetris
 gym.register("envs/Tetris10x10-v0", entry_point=TetrisEnv, kwargs={"variant": "tetris10x10"})
 
 ENV_VARIANTS = {"envs/SZTetris-v0": "sz", "envs/Tetris-v0": "tetris", "envs/Tetris10x10-v0": "tetris10x10"}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Speed benchmark: python -m envs --benchmark-seconds 10
+# ----------------------------------------------------------------------------------------------------------------------
+def benchmark(seconds: float, variant: str = "sz", batches=(1, 32, 256)) -> dict:
+    """Placements per second of (a) the Gymnasium env with random legal placements and (b) the batched engine
+    enumerating every placement's afterstate for B boards of random legal play (one call = B placements decided)."""
+    import time
+
+    results = {}
+    env = TetrisEnv(variant)
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        _, _, terminated, _, _ = env.step(env.action_space.sample())
+        steps += 1
+        if terminated:
+            env.reset()
+    results["gymnasium env, random placements"] = steps / (time.perf_counter() - t0)
+    height, width, pieces = VARIANTS[variant]
+    engine = AfterstateEngine(height, width, pieces)
+    gen = torch.Generator().manual_seed(0)
+    piece_ids = torch.tensor(pieces)
+    for batch in batches:
+        boards = torch.zeros(batch, height, width, dtype=torch.uint8)
+        calls, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds / len(batches):
+            cur = piece_ids[torch.randint(len(pieces), (batch,), generator=gen)]
+            after = engine(boards, cur)
+            score = torch.rand(batch, engine.num_placements, generator=gen).masked_fill(
+                ~after.valid | after.game_over, -1
+            )
+            action = score.argmax(-1)
+            over = after.game_over[torch.arange(batch), action]
+            boards = torch.where(over[:, None, None], 0, after.boards[torch.arange(batch), action])
+            calls += 1
+        results[f"batched engine, B={batch}"] = calls * batch / (time.perf_counter() - t0)
+    return results
