@@ -155,3 +155,12 @@ def test_shallow_dsilu_agent_clearly_beats_a_random_policy_within_a_minute(tmp_p
     summary = run(total_episodes=2500, num_runs=2, seed=1, final_window=250)
     assert random_score < 0.05
     assert summary["final_score_mean"] > max(0.5, 20 * random_score), summary["final_score_per_run"]
+
+
+@pytest.mark.slow
+def test_shallow_dsilu_agent_reaches_tens_of_lines_within_4000_episodes(tmp_path, monkeypatch):
+    """The main run's curve (README) passes 30 lines per game near episode 2,500 and 100 near 3,500; four batched
+    runs of 4,000 episodes must average over 30 in their last 500 (about 10 minutes on one CPU core)."""
+    monkeypatch.chdir(tmp_path)
+    summary = run(total_episodes=4000, num_runs=4, seed=3, final_window=500)
+    assert summary["final_score_mean"] > 30, summary["final_score_per_run"]
