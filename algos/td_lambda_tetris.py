@@ -15,8 +15,9 @@ Networks: `shallow` = 460 (260 on 10x10) binary features -> hidden units -> line
 dSiLU (eq. 10), ReLU or sigmoid; `deep` = raw board -> conv 15 5x5 -> max-pool 3x3/2 -> conv 50 5x5 -> max-pool 3x3/2
 -> fc 250 -> linear output (§3.1).
 
-`--num-runs N` trains N independent agents (own parameters, traces, games and random draws) as one batched
-computation: every tensor carries a leading run dimension, so the paper's 10 runs are one command.
+`--num-runs N` trains N independent agents (own parameters, traces and games; run i's network is initialised from
+seed + i, and one generator seeded with --seed draws every run's pieces and choices) as one batched computation: every
+tensor carries a leading run dimension, so the paper's 10 runs are one command.
 
 Reproduce Table 1's dSiLU row (10 runs x 200k episodes):
     python algos/td_lambda_tetris.py --activation dsilu --num-runs 10
@@ -51,7 +52,7 @@ from envs.tetris import (  # noqa: E402
     AfterstateEngine,
     bertsekas_features,
     binary_feature_indices,
-    binary_feature_length,  # noqa: E402
+    binary_feature_length,
 )
 
 PAPER_FINAL_SCORES = {  # Table 1 (SZ-Tetris, final 1,000 episodes) and §3.2 (10x10, final 10,000 episodes)
@@ -87,7 +88,8 @@ class Args:
     wandb_entity: str | None = None
     """the wandb entity (team)"""
     save_model: bool = False
-    """save the parameters of every run to runs/{run_name}/td_lambda_tetris.pt at the end"""
+    """save the parameters and score history of every run to runs/{run_name}/td_lambda_tetris.pt (at the end and
+    every --checkpoint-every-minutes)"""
     load_model: str | None = None
     """checkpoint to start from: training continues from its episode counters and score history (the interrupted
     episodes start afresh); with --total-episodes 0 it only evaluates"""
