@@ -1,0 +1,1170 @@
+"""DQN whose penultimate layer is a Soft MoE, a Top1-MoE or a (widened) dense layer, on ALE games.
+
+Obando-Ceron, Sokar, Willi et al. (ICML 2024), "Mixtures of Experts Unlock Parameter Scaling for Deep RL", §2.2
+(Soft MoE), §3 (the MoE replaces the penultimate dense layer; tokens are slices of the encoder output) and §4 (DQN,
+Figures 1, 4-10 and 13), as the reference code `dopamine/labs/moes` builds it (shared/reference/softmoe_dopamine.md).
+
+    tokens X (m x d) from the encoder output C (h x w x d): PerConv = h*w tokens of size d (default),
+    PerFeat = d tokens of size h*w, PerSamp = 1 token of size h*w*d
+    logits  L = X Phi,  Phi in R^{d x (n*p)}, p = ceil(m / n) slots per expert
+    D_ij = exp(L_ij) / sum_i' exp(L_i'j)      dispatch: softmax over the m tokens, per slot
+    C_ij = exp(L_ij) / sum_j' exp(L_ij')      combine: softmax over all n*p slots, per token
+    X~ = D^T X,   Y~_i = f_{floor(i/p)}(X~_i),   Y = C Y~                         (§2.2)
+    Q(s, .) = Dense(flatten(Y))
+
+    Top1-MoE: router softmax(X W_r) picks one expert per token; each expert takes at most C = ceil(m / n) tokens in
+    token order; an overflowing token outputs zero; a kept token outputs gate * f_e(x).
+
+    DQN: y = clip(r, -1, 1) + gamma (1 - terminal) max_a' Q_target(s', a'),  loss = mean (y - Q(s, a))^2
+
+Environment: ale_py's native vector env (C++ threads, frame skip 4 with max-pool, 84x84 grayscale, 4-frame stack), by
+default with Dopamine's protocol (sticky actions 0.25, no no-op starts, game over only, 108k-frame cap); rewards are
+clipped in the agent so the logged returns are game scores. Replay stores every frame once and rebuilds the stacks
+when it samples.
+
+The paper's DQN setting (Nature CNN, Soft MoE with 8 experts, 50M agent steps = 200M frames):
+    python algos/dqn_softmoe.py --env-id ALE/Breakout-v5
+its baselines:  --moe none  (Fig. 1 scaled baseline: --moe none --width-multiplier 8), the Impala encoder
+(Fig. 7): --encoder impala, Top1-MoE (Figs. 1, 9): --moe top1 [--load-balance-coef 1.0], tokenizations (Fig. 6):
+--tokenization perfeat|persamp, small experts (Fig. 5): --expert-width 64, random Phi (Fig. 8): --random-phi,
+normalisation (Fig. 13): --moe-normalize, replay ratio (Fig. 4): --replay-ratio 1.0.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import json
+import math
+import os
+import random
+import re
+import time
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import ale_py
+import numpy as np
+import torch
+import torch.nn.functional as F
+import tyro
+from torch import nn
+from torch.utils.tensorboard import SummaryWriter
+
+CHECKPOINT_FORMAT = "dqn_softmoe/1"
+FRAME_SHAPE = (84, 84)
+STACK = 4
+# Standard no-op-start random / human reference scores (shared/reference/atari_scores.csv: the rliable / DQN Zoo /
+# Dopamine table), for the human-normalised score (score - random) / (human - random).
+RANDOM_HUMAN_SCORES = {
+    "Alien": (227.8, 7127.7), "Amidar": (5.8, 1719.5), "Assault": (222.4, 742.0), "Asterix": (210.0, 8503.3),
+    "Asteroids": (719.1, 47388.7), "Atlantis": (12850.0, 29028.1), "BankHeist": (14.2, 753.1),
+    "BattleZone": (2360.0, 37187.5), "BeamRider": (363.9, 16926.5), "Berzerk": (123.7, 2630.4),
+    "Bowling": (23.1, 160.7), "Boxing": (0.1, 12.1), "Breakout": (1.7, 30.5), "Centipede": (2090.9, 12017.0),
+    "ChopperCommand": (811.0, 7387.8), "CrazyClimber": (10780.5, 35829.4), "Defender": (2874.5, 18688.9),
+    "DemonAttack": (152.1, 1971.0), "DoubleDunk": (-18.6, -16.4), "Enduro": (0.0, 860.5),
+    "FishingDerby": (-91.7, -38.7), "Freeway": (0.0, 29.6), "Frostbite": (65.2, 4334.7), "Gopher": (257.6, 2412.5),
+    "Gravitar": (173.0, 3351.4), "Hero": (1027.0, 30826.4), "IceHockey": (-11.2, 0.9), "Jamesbond": (29.0, 302.8),
+    "Kangaroo": (52.0, 3035.0), "Krull": (1598.0, 2665.5), "KungFuMaster": (258.5, 22736.3),
+    "MontezumaRevenge": (0.0, 4753.3), "MsPacman": (307.3, 6951.6), "NameThisGame": (2292.3, 8049.0),
+    "Phoenix": (761.4, 7242.6), "Pitfall": (-229.4, 6463.7), "Pong": (-20.7, 14.6), "PrivateEye": (24.9, 69571.3),
+    "Qbert": (163.9, 13455.0), "Riverraid": (1338.5, 17118.0), "RoadRunner": (11.5, 7845.0), "Robotank": (2.2, 11.9),
+    "Seaquest": (68.4, 42054.7), "Skiing": (-17098.1, -4336.9), "Solaris": (1236.3, 12326.7),
+    "SpaceInvaders": (148.0, 1668.7), "StarGunner": (664.0, 10250.0), "Surround": (-10.0, 6.5),
+    "Tennis": (-23.8, -8.3), "TimePilot": (3568.0, 5229.2), "Tutankham": (11.4, 167.6), "UpNDown": (533.4, 11693.2),
+    "Venture": (0.0, 1187.5), "VideoPinball": (0.0, 17667.9), "WizardOfWor": (563.5, 4756.5),
+    "YarsRevenge": (3092.9, 54576.9), "Zaxxon": (32.5, 9173.3),
+}  # fmt: skip
+
+
+@dataclass
+class Args:
+    # --- experiment ---
+    exp_name: str = "dqn_softmoe"
+    """name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the network initialisation, the exploration, the replay sampling and the emulators (env i: seed + i)"""
+    device: str = "auto"
+    """'auto' (CUDA if available, else CPU), 'cpu', 'cuda' or 'cuda:N'"""
+    torch_deterministic: bool = True
+    """torch.backends.cudnn.deterministic"""
+    track: bool = False
+    """log to Weights & Biases (needs `pip install wandb`)"""
+    wandb_project_name: str = "softmoe-deep-rl"
+    """the wandb project"""
+    wandb_entity: str | None = None
+    """the wandb entity (team)"""
+    capture_video: bool = False
+    """write what the agent sees (84x84 frames of env 0) as mp4 under runs/{run_name}/videos/, for episodes 0, 1, 8,
+    27, ..., 1000, 2000, ... of env 0"""
+    save_model: bool = False
+    """save network, target network, optimiser and step counter to runs/{run_name}/dqn_softmoe.pt (at the end and
+    every --checkpoint-every-minutes)"""
+    load_model: str | None = None
+    """checkpoint to resume: parameters, target network, optimiser state, step counter and episode history. The replay
+    memory is NOT saved, so learning restarts after --learning-starts fresh transitions; --total-timesteps counts
+    from the start of the original run"""
+    log_every_seconds: float = 10.0
+    """how often the progress line is printed"""
+    checkpoint_every_minutes: float = 30.0
+    """how often summary.json, episodes.csv and (with --save-model) the checkpoint are rewritten mid-run"""
+
+    # --- environment (ale_py.AtariVectorEnv) ---
+    env_id: str = "ALE/Breakout-v5"
+    """Gymnasium ALE id, ALE/<Game>-v5; the protocol is set by --protocol, not by the id"""
+    protocol: Literal["dopamine", "nature"] = "dopamine"
+    """dopamine: sticky actions 0.25, no no-op starts, episode ends at game over (the paper's setting);
+    nature: no sticky actions, up to 30 no-op starts, a lost life is terminal for learning (returns are still whole
+    games)"""
+    num_envs: int = 1
+    """environments stepped together; the number of gradient updates per environment step stays --replay-ratio"""
+    max_episode_frames: int = 108_000
+    """episode cap in emulator frames (Dopamine's max_steps_per_episode 27,000 agent steps)"""
+
+    # --- algorithm: DQN with the labs/moes defaults (dqn.gin) ---
+    total_timesteps: int = 50_000_000
+    """agent steps (actions) summed over the environments; 50M = 200 iterations x 250k (200M frames)"""
+    learning_rate: float = 6.25e-5
+    """Adam learning rate"""
+    adam_eps: float = 1.5e-4
+    """Adam epsilon"""
+    buffer_size: int = 1_000_000
+    """replay capacity in transitions (Dopamine replay_capacity), shared evenly by the environments"""
+    gamma: float = 0.99
+    """discount factor gamma (update_horizon 1)"""
+    batch_size: int = 32
+    """transitions per gradient update"""
+    replay_ratio: float = 0.25
+    """gradient updates per agent step: 0.25 = one update every 4 steps (Dopamine update_period 4 x
+    num_updates_per_train_step 1); the paper's Fig. 4 raises it"""
+    target_network_frequency: int = 8000
+    """agent steps between hard copies of the online network into the target network (target_update_period)"""
+    learning_starts: int = 20_000
+    """agent steps before the first update (min_replay_history)"""
+    end_e: float = 0.01
+    """final exploration rate epsilon (epsilon_train)"""
+    epsilon_decay_steps: int = 250_000
+    """agent steps over which epsilon falls linearly from 1 to --end-e once --learning-starts is reached
+    (epsilon_decay_period)"""
+    truncation_is_terminal: bool = True
+    """treat the --max-episode-frames cut as terminal (no bootstrap), as Dopamine's agent does"""
+
+    # --- network ---
+    encoder: Literal["nature", "impala"] = "nature"
+    """nature: 3 convs 32/64/64 (output 11x11x64); impala: 3 ResNet stacks 16/32/32 (output 11x11x32); TF 'SAME'
+    padding as the reference"""
+    moe: Literal["softmoe", "top1", "none"] = "softmoe"
+    """what replaces the penultimate dense layer: Soft MoE, Top1-MoE, or none (the dense 512-unit baseline)"""
+    num_experts: int | None = None
+    """experts n (default 8, as the reference's DQN configs)"""
+    tokenization: Literal["perconv", "perfeat", "persamp"] | None = None
+    """how the encoder output becomes tokens (default perconv, the paper's choice)"""
+    expert_width: int | None = None
+    """hidden units of each expert (default 512; the paper's Fig. 5 uses 512 / n)"""
+    random_phi: bool = False
+    """softmoe: redraw Phi from N(0, 1) at every forward call instead of learning it (Fig. 8 right)"""
+    moe_normalize: bool = False
+    """softmoe: l2-normalise the tokens and the columns of Phi, times a learned scalar, for the logits (Fig. 13)"""
+    width_multiplier: int = 1
+    """none: widen the penultimate dense layer to 512 x k units (the scaled baseline of Fig. 1)"""
+    load_balance_coef: float = 0.0
+    """top1: weight of the importance and load losses added to the TD loss (0 = off, the reference's default; the
+    reference's weights are 1.0)"""
+
+    # --- analysis (Fig. 10) ---
+    analysis_every: int = 250_000
+    """agent steps between network analyses on 32 replay transitions (dormant neurons, feature norm, srank, empirical
+    NTK rank, expert load); 0 = never"""
+    ntk_memory_mb: int = 512
+    """memory for the per-sample gradients of the empirical NTK; larger networks take several passes"""
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Setup: defaults, validation, the game
+# ----------------------------------------------------------------------------------------------------------------------
+def fill_defaults(args: Args) -> Args:
+    """MoE settings left at None get the reference's values (only for the MoE variants, so misuse is detectable)."""
+    if args.moe != "none":
+        args.num_experts = 8 if args.num_experts is None else args.num_experts
+        args.tokenization = args.tokenization or "perconv"
+        args.expert_width = 512 if args.expert_width is None else args.expert_width
+    return args
+
+
+def camel_name(rom: str) -> str:
+    """'ms_pacman' -> 'MsPacman' (Gymnasium's spelling of ROM names)."""
+    return "".join(part.capitalize() for part in rom.split("_"))
+
+
+def game_from_env_id(env_id: str) -> str | None:
+    """'ALE/MsPacman-v5' -> the ROM name 'ms_pacman', or None when no ROM has that name."""
+    match = re.fullmatch(r"ALE/([A-Za-z0-9]+)-v5", env_id)
+    if match is None:
+        return None
+    roms = {rom.replace("_", ""): rom for rom in ale_py.roms.get_all_rom_ids()}
+    return roms.get(match.group(1).lower())
+
+
+def unknown_env_message(env_id: str) -> str:
+    names = {camel_name(rom).lower(): camel_name(rom) for rom in ale_py.roms.get_all_rom_ids()}
+    asked = re.sub(r"^(ALE/)?|(NoFrameskip)?(-v\d+)?$", "", env_id).lower()
+    close = difflib.get_close_matches(asked, list(names), n=3, cutoff=0.5)
+    hint = ", ".join(f"ALE/{names[c]}-v5" for c in close) if close else "ALE/<Game>-v5 such as ALE/Pong-v5"
+    return f"unknown --env-id {env_id!r}; closest valid ids: {hint}"
+
+
+def human_normalized(score: float, rom: str) -> float | None:
+    """(score - random) / (human - random), or None for the games without reference scores."""
+    ref = RANDOM_HUMAN_SCORES.get(camel_name(rom))
+    if ref is None or not math.isfinite(score):
+        return None
+    return (score - ref[0]) / (ref[1] - ref[0])
+
+
+def physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def validate(args: Args) -> str | None:
+    """One clear line for each impossible setting, checked before anything is written."""
+    if game_from_env_id(args.env_id) is None:
+        return unknown_env_message(args.env_id)
+    if args.moe == "none":
+        for flag, value in (("--num-experts", args.num_experts), ("--tokenization", args.tokenization)):
+            if value is not None:
+                return f"{flag} needs an MoE; --moe none has a dense penultimate layer (use --moe softmoe or top1)"
+        if args.expert_width is not None:
+            return "--expert-width needs an MoE; widen the --moe none baseline with --width-multiplier"
+    else:
+        if args.num_experts < 1:
+            return f"--num-experts must be at least 1, got {args.num_experts}"
+        if args.expert_width < 1:
+            return f"--expert-width must be at least 1, got {args.expert_width}"
+        if args.width_multiplier != 1:
+            return "--width-multiplier widens the --moe none baseline; scale an MoE with --num-experts"
+    if args.moe != "softmoe" and (args.random_phi or args.moe_normalize):
+        return "--random-phi and --moe-normalize act on Soft MoE's Phi; they need --moe softmoe"
+    if args.moe != "top1" and args.load_balance_coef != 0:
+        return "--load-balance-coef needs --moe top1 (Soft MoE has no router to balance)"
+    if args.width_multiplier < 1 or args.load_balance_coef < 0:
+        return "--width-multiplier must be at least 1 and --load-balance-coef non-negative"
+    if args.num_envs < 1 or args.batch_size < 1:
+        return "--num-envs and --batch-size must be at least 1"
+    if args.replay_ratio <= 0 or args.learning_rate <= 0 or args.target_network_frequency < 1:
+        return "--replay-ratio, --learning-rate and --target-network-frequency must be positive"
+    if args.total_timesteps < 1 or args.learning_starts < 0 or args.epsilon_decay_steps < 1 or args.analysis_every < 0:
+        return (
+            "--total-timesteps and --epsilon-decay-steps must be positive, --learning-starts and --analysis-every >= 0"
+        )
+    if not (0 <= args.gamma <= 1 and 0 <= args.end_e <= 1):
+        return "--gamma and --end-e must lie in [0, 1]"
+    rows = -(-args.buffer_size // args.num_envs)
+    if rows < 2 * STACK:
+        return f"--buffer-size {args.buffer_size} is too small: it needs at least {2 * STACK} rows per environment"
+    needed = rows * args.num_envs * FrameReplay.BYTES_PER_TRANSITION
+    available = physical_memory_bytes()
+    if needed + 2**30 > available:
+        return (
+            f"--buffer-size {args.buffer_size:,} needs {needed / 1e9:.1f} GB of replay memory "
+            f"({FrameReplay.BYTES_PER_TRANSITION} bytes per transition) plus 1 GB headroom, but this machine has "
+            f"{available / 1e9:.1f} GB; lower --buffer-size"
+        )
+    if args.device != "auto" and args.device.startswith("cuda") and not torch.cuda.is_available():
+        return f"--device {args.device} asked for CUDA but torch sees no GPU; use --device cpu or auto"
+    return None
+
+
+def make_env(args: Args, rom: str):
+    """ale_py's vector env with the chosen protocol. Rewards come back unclipped (the agent clips them) and each
+    observation is a (4, 84, 84) uint8 stack whose frames before the episode start are zero, as in Dopamine."""
+    nature = args.protocol == "nature"
+    return ale_py.AtariVectorEnv(
+        rom,
+        args.num_envs,
+        num_threads=min(args.num_envs, os.cpu_count() or 1),
+        repeat_action_probability=0.0 if nature else 0.25,
+        noop_max=30 if nature else 0,
+        life_loss_info=nature,  # terminated on a lost life, but the game goes on (no reset)
+        episodic_life=False,
+        use_fire_reset=False,
+        reward_clipping=False,
+        max_num_frames_per_episode=args.max_episode_frames,
+        frameskip=4,
+        maxpool=True,
+        img_height=FRAME_SHAPE[0],
+        img_width=FRAME_SHAPE[1],
+        grayscale=True,
+        stack_num=STACK,
+        full_action_space=False,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Replay memory: every frame stored once, stacks rebuilt at sample time
+# ----------------------------------------------------------------------------------------------------------------------
+class FrameReplay:
+    """Circular memory of (rows, num_envs) slots; the environments write one row together at every step.
+
+    Row t of env k holds the newest frame of the observation o_t that env k acted on, the action a_t, the clipped
+    reward r_{t+1}, the terminal flag of s_{t+1}, `valid` (a_t really acted: False on the final observation of an
+    episode, whose next step is ale_py's reset step) and `history`, the number of earlier frames of the same episode
+    in o_t's stack (capped at 3). The stack of row t is frames t-3..t with the `3 - history` oldest zeroed, exactly
+    what the environment returned, so a stack never reaches into another episode; s_{t+1} is the stack of row t+1.
+    """
+
+    BYTES_PER_TRANSITION = FRAME_SHAPE[0] * FRAME_SHAPE[1] + 1 + 4 + 1 + 1 + 1  # frame, action, reward, 3 flags
+
+    def __init__(self, capacity: int, num_envs: int):
+        self.rows, self.num_envs = -(-capacity // num_envs), num_envs
+        shape = (self.rows, num_envs)
+        self.frames = np.zeros(shape + FRAME_SHAPE, dtype=np.uint8)  # pages are only touched when written
+        self.actions = np.zeros(shape, dtype=np.uint8)
+        self.rewards = np.zeros(shape, dtype=np.float32)
+        self.terminals = np.zeros(shape, dtype=bool)
+        self.valid = np.zeros(shape, dtype=bool)
+        self.history = np.zeros(shape, dtype=np.uint8)
+        self.cursor = 0  # next row to write
+        self.count = 0  # rows written, at most self.rows
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.frames, self.actions, self.rewards, self.terminals, self.valid, self.history)
+        return sum(a.nbytes for a in arrays)
+
+    def add(self, frames, actions, rewards, terminals, valid, history):
+        """One row for every environment: frames (N, 84, 84), the others (N,)."""
+        t = self.cursor
+        self.frames[t], self.actions[t], self.rewards[t] = frames, actions, rewards
+        self.terminals[t], self.valid[t], self.history[t] = terminals, valid, np.minimum(history, STACK - 1)
+        self.cursor = (t + 1) % self.rows
+        self.count = min(self.count + 1, self.rows)
+
+    def _row(self, age: np.ndarray) -> np.ndarray:
+        """Chronological position (0 = oldest row kept) -> row index."""
+        return (self.cursor - self.count + age) % self.rows
+
+    def stacks(self, age: np.ndarray, env: np.ndarray, extra: int = 0) -> np.ndarray:
+        """The stacks ending at rows `age` .. `age + extra` of envs `env`: (B, 4 + extra, 84, 84) frames, where
+        [:, i:i + 4] is the stack ending at age + i, zero-filled before its episode start."""
+        offsets = np.arange(-(STACK - 1), extra + 1)
+        frames = self.frames[self._row(age[:, None] + offsets), env[:, None]]  # (B, 4 + extra, 84, 84)
+        out = []
+        for i in range(extra + 1):
+            history = self.history[self._row(age + i), env]  # (B,)
+            keep = (STACK - 1 - np.arange(STACK))[None, :] <= history[:, None]  # (B, 4): frame t-3+j is kept
+            out.append(frames[:, i : i + STACK] * keep[:, :, None, None].astype(np.uint8))
+        return out[0] if extra == 0 else np.stack(out, 1)
+
+    def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Uniform over the stored transitions whose stack and next stack are still in memory."""
+        if self.count < 2:
+            raise RuntimeError("the replay memory holds no complete transition yet")
+        ages, envs = [], []
+        for _ in range(1000):
+            age = rng.integers(0, self.count - 1, size=2 * batch_size)  # the next row (age + 1) must be written
+            env = rng.integers(0, self.num_envs, size=2 * batch_size)
+            rows = self._row(age)
+            ok = self.valid[rows, env] & (age >= self.history[rows, env])  # older frames not yet overwritten
+            ages.append(age[ok])
+            envs.append(env[ok])
+            if sum(len(a) for a in ages) >= batch_size:
+                break
+        else:
+            raise RuntimeError("the replay memory holds no complete transition yet")
+        age, env = np.concatenate(ages)[:batch_size], np.concatenate(envs)[:batch_size]
+        pair = self.stacks(age, env, extra=1)  # (B, 2, 4, 84, 84): s_t and s_{t+1}
+        rows = self._row(age)
+        return {
+            "states": pair[:, 0],
+            "next_states": pair[:, 1],
+            "actions": self.actions[rows, env].astype(np.int64),
+            "rewards": self.rewards[rows, env],
+            "terminals": self.terminals[rows, env].astype(np.float32),
+            "rows": rows,
+            "envs": env,
+        }
+
+
+class EpisodeTracker:
+    """Per-environment bookkeeping for ale_py's NEXT_STEP autoreset, feeding the replay memory.
+
+    After a step that ends an episode, the env's next step is a reset step: its action is ignored and it returns the
+    first observation of a new episode with reward 0, so it is not a transition and is neither stored as one nor
+    counted as an agent step. A reset step is recognised from the previous step's flags and, as a safeguard, from
+    the episode frame counter going backwards. Under --protocol nature a lost life is terminal for learning but the
+    game (and the frame stack) carries on; the episode, and its return, end at game over or truncation.
+    """
+
+    def __init__(self, num_envs: int, life_loss_terminal: bool, truncation_is_terminal: bool, info: dict):
+        self.life_loss_terminal = life_loss_terminal
+        self.truncation_is_terminal = truncation_is_terminal
+        self.reset_next = np.zeros(num_envs, dtype=bool)
+        self.episode_step = np.zeros(num_envs, dtype=np.int64)  # agent steps since the current episode began
+        self.lives = np.asarray(info["lives"]).copy()
+        self.frame_number = np.asarray(info["episode_frame_number"]).copy()
+        self.returns = np.zeros(num_envs)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+
+    def step(self, replay, obs, actions, rewards, terminated, truncated, info):
+        """Store the step that started from `obs`; returns (agent steps taken, [(env, return, length) finished])."""
+        frame_number, lives = np.asarray(info["episode_frame_number"]), np.asarray(info["lives"])
+        reset_step = self.reset_next | (frame_number < self.frame_number)
+        finished = [(k, self.returns[k], self.lengths[k]) for k in np.flatnonzero(reset_step & ~self.reset_next)]
+        real = ~reset_step
+        life_lost = (lives < self.lives) & (lives > 0)
+        terminal = real & (terminated | (truncated & self.truncation_is_terminal))
+        if replay is not None:
+            clipped = np.clip(rewards, -1, 1)  # Dopamine's runner clips before the agent sees the reward
+            replay.add(obs[:, -1], actions, clipped, terminal, real, self.episode_step)
+        self.returns += np.where(real, rewards, 0)
+        self.lengths += real
+        episode_over = real & (truncated | (terminated & ~(self.life_loss_terminal & life_lost)))
+        finished += [(k, self.returns[k], self.lengths[k]) for k in np.flatnonzero(episode_over)]
+        for k, _, _ in finished:
+            self.returns[k], self.lengths[k] = 0.0, 0
+        self.episode_step = np.where(reset_step, 0, self.episode_step + 1)
+        self.reset_next = episode_over
+        self.lives, self.frame_number = lives.copy(), frame_number.copy()
+        return int(real.sum()), [(int(k), float(r), int(n)) for k, r, n in finished]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Initialisers and padding as Flax does them
+# ----------------------------------------------------------------------------------------------------------------------
+def lecun_normal_(tensor: torch.Tensor, fan_in: int) -> torch.Tensor:
+    """Flax lecun_normal: truncated normal (+-2 std) scaled so that the variance is 1 / fan_in."""
+    std = math.sqrt(1.0 / fan_in) / 0.87962566103423978  # std of a unit normal truncated to [-2, 2]
+    return nn.init.trunc_normal_(tensor, 0.0, std, -2 * std, 2 * std)
+
+
+def xavier_layer(layer: nn.Module) -> nn.Module:
+    nn.init.xavier_uniform_(layer.weight)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def pad_same(x: torch.Tensor, kernel: int, stride: int, value: float = 0.0) -> torch.Tensor:
+    """TensorFlow 'SAME' padding of the last two dims: output ceil(n / stride); the total padding
+    max((out - 1) stride + kernel - n, 0) is split with the odd pixel after (Nature CNN: 84 -> 21 -> 11 -> 11)."""
+    pads = []
+    for n in (x.shape[-1], x.shape[-2]):  # F.pad lists the last dim first
+        total = max((-(-n // stride) - 1) * stride + kernel - n, 0)
+        pads += [total // 2, total - total // 2]
+    return F.pad(x, pads, value=value)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Encoders
+# ----------------------------------------------------------------------------------------------------------------------
+class NatureEncoder(nn.Module):
+    """Conv 32 8x8/4 -> Conv 64 4x4/2 -> Conv 64 3x3/1, ReLU after each, SAME padding, xavier_uniform kernels.
+    (B, 4, 84, 84) -> (B, 64, 11, 11)."""
+
+    def __init__(self):
+        super().__init__()
+        layers = ((4, 32, 8, 4), (32, 64, 4, 2), (64, 64, 3, 1))  # (in, out, kernel, stride)
+        self.convs = nn.ModuleList(xavier_layer(nn.Conv2d(i, o, k, s)) for i, o, k, s in layers)
+
+    def forward(self, x):
+        for conv in self.convs:
+            x = F.relu(conv(pad_same(x, conv.kernel_size[0], conv.stride[0])))
+        return x
+
+
+class ResidualBlock(nn.Module):
+    """x + Conv(ReLU(Conv(ReLU(x)))), 3x3 convs with Flax's default lecun_normal init."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0, self.conv1 = (
+            nn.Conv2d(channels, channels, 3, padding=1),
+            nn.Conv2d(channels, channels, 3, padding=1),
+        )
+        for conv in (self.conv0, self.conv1):
+            lecun_normal_(conv.weight, channels * 9)
+            nn.init.zeros_(conv.bias)
+
+    def forward(self, x):
+        return x + self.conv1(F.relu(self.conv0(F.relu(x))))
+
+
+class ImpalaEncoder(nn.Module):
+    """Three stacks (16, 32, 32 channels) of Conv 3x3 (xavier) -> max-pool 3x3/2 SAME (-inf padding) -> 2 residual
+    blocks, then ReLU. (B, 4, 84, 84) -> 84 -> 42 -> 21 -> 11 -> (B, 32, 11, 11)."""
+
+    def __init__(self, channels=(16, 32, 32)):
+        super().__init__()
+        self.convs, self.blocks = nn.ModuleList(), nn.ModuleList()
+        in_channels = 4
+        for c in channels:
+            self.convs.append(xavier_layer(nn.Conv2d(in_channels, c, 3, padding=1)))
+            self.blocks.append(nn.Sequential(ResidualBlock(c), ResidualBlock(c)))
+            in_channels = c
+
+    def forward(self, x):
+        for conv, blocks in zip(self.convs, self.blocks, strict=True):
+            x = F.max_pool2d(pad_same(conv(x), 3, 2, value=float("-inf")), 3, 2)
+            x = blocks(x)
+        return F.relu(x)
+
+
+def tokenize(features: torch.Tensor, kind: str) -> torch.Tensor:
+    """Encoder output C (B, d, h, w) -> tokens X (B, m, token dim) (§3, Fig. 3).
+
+    perconv: m = h*w tokens of size d, row-major over the grid; perfeat: m = d tokens of size h*w (the transpose);
+    persamp: one token holding the whole output (in channel-major order, a fixed permutation of Flax's HWC flatten).
+    """
+    if kind == "perconv":
+        return features.flatten(2).transpose(1, 2)  # (B, h*w, d)
+    if kind == "perfeat":
+        return features.flatten(2)  # (B, d, h*w)
+    if kind == "persamp":
+        return features.flatten(1)[:, None]  # (B, 1, d*h*w)
+    raise ValueError(kind)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Experts, Soft MoE, Top1-MoE
+# ----------------------------------------------------------------------------------------------------------------------
+class Experts(nn.Module):
+    """n independent experts f_e(x) = Dense(ReLU(Dense(x))): d -> width -> d (the second Dense is the paper's
+    projection back to token size), xavier_uniform kernels, zero biases; parameters stacked on a leading expert axis.
+    Input (B, n, slots, d) -> output (B, n, slots, d) and the hidden activations (B, n, slots, width)."""
+
+    def __init__(self, num_experts: int, dim: int, width: int):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(num_experts, dim, width))
+        self.b1 = nn.Parameter(torch.zeros(num_experts, width))
+        self.w2 = nn.Parameter(torch.empty(num_experts, width, dim))
+        self.b2 = nn.Parameter(torch.zeros(num_experts, dim))
+        bound = math.sqrt(6.0 / (dim + width))  # xavier_uniform, the same for both layers
+        nn.init.uniform_(self.w1, -bound, bound)
+        nn.init.uniform_(self.w2, -bound, bound)
+
+    def forward(self, slots: torch.Tensor):
+        B, n, s, d = slots.shape
+        x = slots.transpose(0, 1).reshape(n, B * s, d)  # one matmul per expert over all its slots
+        hidden = torch.relu(torch.baddbmm(self.b1[:, None], x, self.w1))  # (n, B*s, width)
+        out = torch.baddbmm(self.b2[:, None], hidden, self.w2)  # (n, B*s, d)
+        return out.view(n, B, s, d).transpose(0, 1), hidden.view(n, B, s, -1).transpose(0, 1)
+
+
+def l2_normalize(x: torch.Tensor, dim: int, eps: float = 1e-6) -> torch.Tensor:
+    return x / (x.norm(dim=dim, keepdim=True) + eps)
+
+
+def soft_moe(tokens: torch.Tensor, phi: torch.Tensor, experts, scale: torch.Tensor | None = None):
+    """Soft MoE, §2.2. tokens X (B, m, d), phi Phi (d, n, p) (or (B, d, n, p) for a per-sample random Phi), experts
+    maps slots (B, n, p, d) to (outputs, hidden). With `scale`, the logits use l2-normalised tokens and Phi columns
+    times the learned scalar (Puigcerver et al.); the slots always mix the raw tokens.
+
+    Returns Y (B, m, d), dispatch D (B, m, n, p), combine C (B, m, n, p) and the experts' hidden activations."""
+    x_hat, phi_hat = tokens, phi
+    if scale is not None:
+        x_hat, phi_hat = l2_normalize(tokens, -1), scale * l2_normalize(phi, -3)
+    pattern = "bmd,dnp->bmnp" if phi.dim() == 3 else "bmd,bdnp->bmnp"
+    logits = torch.einsum(pattern, x_hat, phi_hat)  # L = X Phi (B, m, n, p)
+    B, m, n, p = logits.shape
+    dispatch = torch.softmax(logits, dim=1)  # D: each slot's weights over the m tokens sum to 1
+    combine = torch.softmax(logits.reshape(B, m, n * p), dim=-1).view(B, m, n, p)  # C: each token's over all slots
+    slots = torch.einsum("bmnp,bmd->bnpd", dispatch, tokens)  # X~ = D^T X (B, n, p, d)
+    slot_outputs, hidden = experts(slots)  # Y~_i = f_{floor(i/p)}(X~_i) (B, n, p, d)
+    outputs = torch.einsum("bmnp,bnpd->bmd", combine, slot_outputs)  # Y = C Y~ (B, m, d)
+    return outputs, dispatch, combine, hidden
+
+
+class SoftMoE(nn.Module):
+    """Phi (d, n, p) with p = ceil(m / n) slots per expert, lecun_normal with fan_in n*d as Flax computes it for a 3-D
+    kernel; the scalar (init 1) is always created but only used with normalisation, as in the reference."""
+
+    def __init__(self, dim, num_tokens, num_experts, width, random_phi=False, normalize=False):
+        super().__init__()
+        self.slots = -(-num_tokens // num_experts)
+        self.phi_shape = (dim, num_experts, self.slots)
+        self.random_phi, self.normalize = random_phi, normalize
+        self.phi = None if random_phi else nn.Parameter(lecun_normal_(torch.empty(self.phi_shape), num_experts * dim))
+        self.scalar = nn.Parameter(torch.ones(1))
+        self.experts = Experts(num_experts, dim, width)
+
+    def forward(self, tokens):
+        phi = self.phi
+        if self.random_phi:  # a fresh N(0, 1) Phi for every sample of every call, as the reference's per-sample keys
+            phi = torch.randn((tokens.shape[0],) + self.phi_shape, device=tokens.device)
+        outputs, dispatch, combine, hidden = soft_moe(
+            tokens, phi, self.experts, self.scalar if self.normalize else None
+        )
+        return outputs, {"dispatch": dispatch, "combine": combine, "hidden": hidden}
+
+
+def top1_route(probs: torch.Tensor, capacity: int):
+    """Top-1 routing with capacity. probs (B, m, n) -> expert index, gate probability, position of the token in its
+    expert's queue (token order) and whether it was kept (position < capacity), each (B, m)."""
+    gate, expert = probs.max(-1)
+    chosen = F.one_hot(expert, probs.shape[-1])  # (B, m, n)
+    position = (chosen.cumsum(1) * chosen).sum(-1) - 1  # earlier tokens sent to the same expert
+    return expert, gate, position, position < capacity
+
+
+class Top1MoE(nn.Module):
+    """Router Dense(n) without bias (lecun_normal), softmax, top-1; expert capacity C = ceil(m / n); the first C tokens
+    routed to an expert (in token order) are kept, unused capacity slots are zeros that still pass through the expert,
+    an overflowing token outputs zero; kept outputs are scaled by the gate probability."""
+
+    def __init__(self, dim, num_tokens, num_experts, width):
+        super().__init__()
+        self.capacity = -(-num_tokens // num_experts)
+        self.router = nn.Parameter(lecun_normal_(torch.empty(dim, num_experts), dim))
+        self.experts = Experts(num_experts, dim, width)
+
+    def forward(self, tokens):
+        B, m, d = tokens.shape
+        n, C = self.router.shape[1], self.capacity
+        logits = tokens @ self.router  # (B, m, n)
+        probs = torch.softmax(logits, -1)
+        expert, gate, position, kept = top1_route(probs, C)
+        slot = torch.where(kept, expert * C + position, n * C)[..., None].expand(B, m, d)  # dropped -> extra slot
+        slots = tokens.new_zeros(B, n * C + 1, d).scatter(1, slot, tokens)[:, : n * C]  # (B, n*C, d)
+        slot_outputs, hidden = self.experts(slots.view(B, n, C, d))  # (B, n, C, d)
+        padded = torch.cat([slot_outputs.reshape(B, n * C, d), tokens.new_zeros(B, 1, d)], 1)
+        outputs = padded.gather(1, slot) * gate[..., None]  # dropped tokens read the zero row
+        aux = {"router_logits": logits, "router_probs": probs, "expert": expert, "kept": kept, "hidden": hidden}
+        return outputs, aux
+
+
+def importance_loss(probs: torch.Tensor) -> torch.Tensor:
+    """Riquelme et al. (2021) A.2: per sample, importance_e = sum over tokens of the router probability of expert e;
+    loss = (std_e / mean_e)^2 averaged over the batch. probs (B, m, n)."""
+    importance = probs.sum(1)  # (B, n)
+    return ((importance.std(-1, unbiased=False) / importance.mean(-1)) ** 2).mean()
+
+
+def load_loss(logits: torch.Tensor, noisy_logits: torch.Tensor, noise_std: float) -> torch.Tensor:
+    """Riquelme et al. (2021) A.2 with k = 1: threshold = the winning noisy logit of each token; P(token, e) =
+    1 - Phi_N((threshold - logit_e) / sigma), the chance that expert e would win under fresh noise; p_e = mean over
+    tokens; loss = (std_e p / mean_e p)^2 averaged over the batch. logits (B, m, n)."""
+    threshold = noisy_logits.max(-1, keepdim=True).values
+    p = 1.0 - torch.special.ndtr((threshold - logits) / noise_std)
+    p_mean = p.mean(1)  # (B, n)
+    return ((p_mean.std(-1, unbiased=False) / p_mean.mean(-1)) ** 2).mean()
+
+
+def load_balancing_loss(aux: dict, num_experts: int) -> torch.Tensor:
+    """Importance + load loss with the reference's weights (1, 1) and noise std 1 / n."""
+    noise_std = 1.0 / num_experts
+    logits = aux["router_logits"]
+    noisy = logits + noise_std * torch.randn_like(logits)
+    return importance_loss(aux["router_probs"]) + load_loss(logits, noisy, noise_std)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Q-network
+# ----------------------------------------------------------------------------------------------------------------------
+class QNetwork(nn.Module):
+    """uint8 stacks (B, 4, 84, 84) / 255 -> encoder -> [Dense(512 k) + ReLU | tokens -> MoE -> flatten] -> Dense(A)."""
+
+    def __init__(
+        self,
+        num_actions: int,
+        encoder: str = "nature",
+        moe: str = "softmoe",
+        num_experts: int = 8,
+        tokenization: str = "perconv",
+        expert_width: int = 512,
+        random_phi: bool = False,
+        moe_normalize: bool = False,
+        width_multiplier: int = 1,
+    ):
+        super().__init__()
+        self.moe_kind, self.tokenization = moe, tokenization
+        self.encoder = NatureEncoder() if encoder == "nature" else ImpalaEncoder()
+        with torch.no_grad():
+            features = self.encoder(torch.zeros(1, STACK, *FRAME_SHAPE))  # (1, d, h, w)
+        if moe == "none":
+            self.dense = xavier_layer(nn.Linear(features[0].numel(), 512 * width_multiplier))
+            head_inputs = 512 * width_multiplier
+        else:
+            num_tokens, dim = tokenize(features, tokenization).shape[1:]
+            if moe == "softmoe":
+                self.moe = SoftMoE(dim, num_tokens, num_experts, expert_width, random_phi, moe_normalize)
+            else:
+                self.moe = Top1MoE(dim, num_tokens, num_experts, expert_width)
+            head_inputs = num_tokens * dim  # the output tokens are flattened, no pooling
+        self.head = xavier_layer(nn.Linear(head_inputs, num_actions))
+
+    def forward(self, x: torch.Tensor, return_aux: bool = False):
+        features = self.encoder(x.float() / 255.0)  # (B, d, h, w)
+        if self.moe_kind == "none":
+            hidden = F.relu(self.dense(features.flatten(1)))  # (B, 512 k)
+            q, aux = self.head(hidden), {"hidden": hidden}
+        else:
+            outputs, aux = self.moe(tokenize(features, self.tokenization))  # (B, m, d)
+            q = self.head(outputs.flatten(1))
+        return (q, aux) if return_aux else q
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def build_network(args: Args, num_actions: int) -> QNetwork:
+    return QNetwork(
+        num_actions,
+        encoder=args.encoder,
+        moe=args.moe,
+        num_experts=args.num_experts,
+        tokenization=args.tokenization,
+        expert_width=args.expert_width,
+        random_phi=args.random_phi,
+        moe_normalize=args.moe_normalize,
+        width_multiplier=args.width_multiplier,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# DQN pieces
+# ----------------------------------------------------------------------------------------------------------------------
+def epsilon_schedule(step: int, decay_steps: int, warmup_steps: int, end_e: float) -> float:
+    """Dopamine's linearly_decaying_epsilon: eps = end + clip((1 - end)(decay + warmup - step) / decay, 0, 1 - end),
+    i.e. 1 for the first `warmup_steps` steps, then linear down to `end_e` over `decay_steps` steps."""
+    bonus = (1.0 - end_e) * (decay_steps + warmup_steps - step) / decay_steps
+    return end_e + min(max(bonus, 0.0), 1.0 - end_e)
+
+
+def td_target(next_q: torch.Tensor, rewards: torch.Tensor, terminals: torch.Tensor, gamma: float) -> torch.Tensor:
+    """y = r + gamma (1 - terminal) max_a' Q_target(s', a'). next_q (B, A) -> (B,)."""
+    return rewards + gamma * (1.0 - terminals) * next_q.max(1).values
+
+
+def period_crossed(step_before: int, step_after: int, period: int) -> bool:
+    """True when a multiple of `period` lies in (step_before, step_after]: with N envs the counter moves by up to N."""
+    return step_after // period > step_before // period
+
+
+def select_actions(q_net, obs: np.ndarray, epsilon: float, rng: np.random.Generator, num_actions: int, device):
+    """epsilon-greedy per environment; the network only sees the environments that act greedily."""
+    actions = rng.integers(0, num_actions, size=len(obs))
+    greedy = rng.random(len(obs)) > epsilon  # Dopamine explores when u <= epsilon
+    if greedy.any():
+        with torch.inference_mode():
+            q = q_net(torch.from_numpy(obs[greedy]).to(device))
+        actions[greedy] = q.argmax(1).cpu().numpy()
+    return actions.astype(np.int32)
+
+
+def to_tensors(batch: dict, device) -> dict[str, torch.Tensor]:
+    keys = ("states", "next_states", "actions", "rewards", "terminals")
+    return {k: torch.from_numpy(batch[k]).to(device) for k in keys}
+
+
+def train_step(q_net, target_net, optimizer, batch, gamma: float, load_balance_coef: float, num_experts: int):
+    """One Adam step on mean (y - Q(s, a))^2 (+ the weighted load-balancing losses for top1)."""
+    with torch.no_grad():
+        target = td_target(target_net(batch["next_states"]), batch["rewards"], batch["terminals"], gamma)
+    q, aux = q_net(batch["states"], return_aux=True)
+    q_taken = q.gather(1, batch["actions"][:, None]).squeeze(1)
+    td_loss = F.mse_loss(q_taken, target)
+    aux_loss = load_balancing_loss(aux, num_experts) if load_balance_coef > 0 else torch.zeros(())
+    loss = td_loss + load_balance_coef * aux_loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return {"td_loss": td_loss.detach(), "aux_loss": aux_loss.detach(), "q_values": q_taken.detach().mean()}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Analysis metrics (Fig. 10; softmoe_dopamine.md §7)
+# ----------------------------------------------------------------------------------------------------------------------
+def dormant_fraction(hidden: torch.Tensor, tau: float = 0.0) -> float:
+    """Sokar et al. (2023): unit i is tau-dormant if s_i = E|h_i| / mean_k E|h_k| <= tau. hidden (B, ..., H): the
+    expectation is over the batch and, as the reference's MoE agent does, the middle axes (experts, slots) too, so
+    unit i of every expert is one unit. tau = 0 is the reference code's threshold (there sum- and mean-normalised
+    scores agree)."""
+    score = hidden.abs().mean(dim=tuple(range(hidden.dim() - 1)))  # (H,)
+    score = score / (score.mean() + 1e-9)
+    return float((score <= tau).float().mean())
+
+
+def feature_norm(hidden: torch.Tensor) -> float:
+    """The reference's Rainbow statistic: per-feature variance across the batch, l2 norm over the feature axis,
+    averaged over any leading axes. hidden (B, ..., H)."""
+    return float(hidden.var(0, unbiased=False).norm(dim=-1).mean())
+
+
+def srank(features: torch.Tensor, delta: float = 0.01) -> int:
+    """Kumar et al. (2021): min k with sum_{i<=k} sigma_i / sum_i sigma_i >= 1 - delta, sigma the singular values of
+    the (batch x features) matrix."""
+    sigma = torch.linalg.svdvals(features.double())
+    cumulative = sigma.cumsum(0) / sigma.sum().clamp_min(1e-12)
+    return int((cumulative < 1 - delta).sum()) + 1
+
+
+def threshold_rank(matrix: torch.Tensor, t: float = 0.01) -> int:
+    """The reference code's rank proxy: #{i : sigma_i / sigma_max > t}."""
+    sigma = torch.linalg.svdvals(matrix.double())
+    return int((sigma / sigma[0].clamp_min(1e-12) > t).sum())
+
+
+def empirical_ntk(q_net, batch: dict, targets: torch.Tensor, memory_bytes: int = 2**29) -> torch.Tensor:
+    """K_ij = <grad l_i, grad l_j> over all parameters, l_i = (y_i - Q(s_i, a_i))^2 the per-sample TD loss (B x B).
+    One forward/backward per sample; when B x #params floats exceed `memory_bytes`, the parameter vector is covered
+    in several passes."""
+    params = [p for p in q_net.parameters() if p.requires_grad]
+    total = sum(p.numel() for p in params)
+    B = len(targets)
+    chunk = max(1, min(total, memory_bytes // (4 * B)))
+    K = torch.zeros(B, B, dtype=torch.float64)
+    for start in range(0, total, chunk):
+        rows = torch.empty(B, min(chunk, total - start))
+        for i in range(B):
+            q = q_net(batch["states"][i : i + 1])[0, batch["actions"][i]]
+            grads = torch.autograd.grad((targets[i] - q) ** 2, params, allow_unused=True)
+            grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, params, strict=True)]
+            flat = torch.cat([g.flatten() for g in grads])
+            rows[i] = flat[start : start + rows.shape[1]].cpu()
+        K += (rows @ rows.T).double()
+    return K
+
+
+def network_analysis(q_net, target_net, batch: dict, gamma: float, ntk_memory_bytes: int) -> dict[str, float]:
+    """Fig. 10 statistics on one replay batch: dormant neurons, feature norm and srank of the penultimate hidden
+    activations (the experts' hidden layer for MoEs, as the reference), the empirical NTK's rank, and for MoEs the
+    expert load (combine mass per expert for Soft MoE, routed-token share for Top1) and Top1's dropped tokens."""
+    with torch.no_grad():
+        q, aux = q_net(batch["states"], return_aux=True)
+        targets = td_target(target_net(batch["next_states"]), batch["rewards"], batch["terminals"], gamma)
+    hidden = aux["hidden"]
+    flat = hidden.reshape(len(hidden), -1)
+    metrics = {
+        "dormant_percentage": 100.0 * dormant_fraction(hidden, 0.0),
+        "feature_norm": feature_norm(hidden if hidden.dim() == 2 else hidden.flatten(1, -2)),
+        "srank": srank(flat, 0.01),
+        "srank_threshold_0.01": threshold_rank(flat, 0.01),
+        "q_mean": float(q.mean()),
+    }
+    K = empirical_ntk(q_net, batch, targets, ntk_memory_bytes)
+    metrics["entk_srank_0.01"] = threshold_rank(K, 0.01)
+    metrics["entk_srank_kumar"] = srank(K, 0.01)
+    metrics["entk_diag_mean"] = float(K.diagonal().mean())
+    if "combine" in aux:
+        per_token = aux["combine"].sum(-1)  # (B, m, n): combine mass of each expert for each token
+        load = per_token.mean((0, 1))  # share of the combine mass per expert (sums to 1)
+        top = per_token.argmax(-1)  # the reference's logged "top_experts"
+    elif "router_probs" in aux:
+        top = aux["expert"]
+        load = F.one_hot(top, aux["router_probs"].shape[-1]).float().mean((0, 1))  # share of the routed tokens
+        metrics["dropped_token_fraction"] = float(1.0 - aux["kept"].float().mean())
+    else:
+        load = None
+    if load is not None:
+        top_share = F.one_hot(top, len(load)).float().mean((0, 1))
+        metrics.update({f"expert_load_{e}": float(v) for e, v in enumerate(load)})
+        metrics.update({f"expert_top_token_share_{e}": float(v) for e, v in enumerate(top_share)})
+        metrics["expert_load_max"] = float(load.max())
+    return metrics
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Checkpoints
+# ----------------------------------------------------------------------------------------------------------------------
+def architecture(args: Args) -> dict:
+    arch = {"env_id": args.env_id, "encoder": args.encoder, "moe": args.moe}
+    if args.moe == "none":
+        arch["width_multiplier"] = args.width_multiplier
+    else:
+        arch.update(num_experts=args.num_experts, tokenization=args.tokenization, expert_width=args.expert_width)
+    if args.moe == "softmoe":
+        arch.update(random_phi=args.random_phi, moe_normalize=args.moe_normalize)
+    return arch
+
+
+def save_checkpoint(path, args, q_net, target_net, optimizer, global_step, updates, episodes):
+    """Everything but the replay memory; written atomically (tmp file + rename)."""
+    tmp = f"{path}.tmp"
+    torch.save(
+        {
+            "format": CHECKPOINT_FORMAT,
+            "architecture": architecture(args),
+            "q_net": q_net.state_dict(),
+            "target_net": target_net.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "global_step": global_step,
+            "updates": updates,
+            "episodes": episodes,
+            "args": asdict(args),
+        },
+        tmp,
+    )
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str, args: Args) -> dict:
+    """Load and check a checkpoint against the requested architecture; raises ValueError with one clear line."""
+    if not os.path.isfile(path):
+        raise ValueError(f"--load-model {path!r}: no such file")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001  (any unpickling failure means the file is not a checkpoint)
+        raise ValueError(f"--load-model {path!r} is not a readable checkpoint ({type(err).__name__})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"--load-model {path!r} is not a dqn_softmoe checkpoint")
+    want, have = architecture(args), ckpt["architecture"]
+    if want != have:
+        keys = sorted(set(want) | set(have))
+        diff = ", ".join(
+            f"{k}: checkpoint {have.get(k)} vs requested {want.get(k)}" for k in keys if want.get(k) != have.get(k)
+        )
+        raise ValueError(f"--load-model {path!r} holds another architecture ({diff}); pass matching flags")
+    if ckpt["global_step"] >= args.total_timesteps:
+        raise ValueError(
+            f"--load-model {path!r} is already at step {ckpt['global_step']:,}; raise --total-timesteps above it"
+        )
+    return ckpt
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Video of what the agent sees
+# ----------------------------------------------------------------------------------------------------------------------
+def video_trigger(episode: int) -> bool:
+    """Gymnasium's capped cubic schedule: episodes 0, 1, 8, 27, ..., 729, 1000, 2000, ..."""
+    return round(episode ** (1 / 3)) ** 3 == episode if episode < 1000 else episode % 1000 == 0
+
+
+def write_video(path: str, frames: list[np.ndarray], fps: int = 15):
+    from moviepy import ImageSequenceClip
+
+    rgb = [np.repeat(np.kron(f, np.ones((2, 2), dtype=np.uint8))[..., None], 3, -1) for f in frames]  # 168x168
+    ImageSequenceClip(rgb, fps=fps).write_videofile(path, logger=None)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------------------------------------
+def fmt_time(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
+
+
+def main(args: Args) -> dict:
+    args = fill_defaults(args)
+    error = validate(args)
+    ckpt = None
+    if error is None and args.load_model:
+        try:
+            ckpt = load_checkpoint(args.load_model, args)
+        except ValueError as err:
+            error = str(err)
+    if error is None and args.track:
+        try:
+            import wandb
+        except ImportError:
+            error = "--track needs wandb; `pip install wandb` or drop --track"
+    if error is None and args.capture_video:
+        try:
+            import moviepy  # noqa: F401
+        except ImportError:
+            error = "--capture-video needs moviepy; `pip install moviepy` or drop --capture-video"
+    if error:
+        raise SystemExit(f"error: {error}")
+
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    rng = np.random.default_rng(args.seed)
+
+    # --- environment, networks, optimiser, replay (all before anything is written) ---
+    rom = game_from_env_id(args.env_id)
+    envs = make_env(args, rom)
+    num_actions = int(envs.single_action_space.n)
+    q_net = build_network(args, num_actions).to(device)
+    target_net = build_network(args, num_actions).to(device)
+    optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    global_step, updates_before, episodes = 0, 0, []
+    if ckpt is not None:
+        try:
+            q_net.load_state_dict(ckpt["q_net"])
+            target_net.load_state_dict(ckpt["target_net"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as err:
+            envs.close()
+            raise SystemExit(f"error: --load-model {args.load_model!r} does not fit this network ({err})") from None
+        global_step, updates_before = int(ckpt["global_step"]), int(ckpt["updates"])
+        episodes = [tuple(e) for e in ckpt["episodes"]]
+    else:
+        target_net.load_state_dict(q_net.state_dict())
+    target_net.requires_grad_(False)
+    replay = FrameReplay(args.buffer_size, args.num_envs)
+    start_step = global_step
+    learn_from = start_step + args.learning_starts  # a resumed run refills its (unsaved) replay memory first
+
+    game = camel_name(rom)
+    run_name = f"{game}__{args.exp_name}__{args.moe}-{args.encoder}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join("runs", run_name)
+    os.makedirs(run_dir, exist_ok=True)
+    if args.track:
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            save_code=True,
+        )
+    writer = SummaryWriter(run_dir)
+    writer.add_text(
+        "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+    )
+    parts = {name: count_parameters(child) for name, child in q_net.named_children()}
+    print(
+        f"{run_name}: {args.moe} on the {args.encoder} encoder, {count_parameters(q_net):,} parameters {parts}, "
+        f"{num_actions} actions, {args.num_envs} env(s), {args.protocol} protocol, replay "
+        f"{replay.rows * replay.num_envs:,} transitions ({replay.nbytes / 1e9:.2f} GB), device {device}"
+        + (f"; resuming at step {start_step:,}" if ckpt else "")
+    )
+
+    summary = {
+        "args": asdict(args),
+        "run_name": run_name,
+        "device": str(device),
+        "game": game,
+        "num_actions": num_actions,
+        "num_parameters": count_parameters(q_net),
+        "parameters_by_part": parts,
+        "replay_bytes": replay.nbytes,
+        "replay_bytes_per_transition": FrameReplay.BYTES_PER_TRANSITION,
+        "start_step": start_step,
+    }
+    video_dir = os.path.join(run_dir, "videos")
+    if args.capture_video:
+        os.makedirs(video_dir, exist_ok=True)
+    t_start = time.time()
+    updates = 0
+    losses = {}
+    analysis = {}
+
+    def write_outputs(complete: bool):
+        elapsed = time.time() - t_start
+        last = [r for _, r, _ in episodes[-100:]]
+        mean_return = float(np.mean(last)) if last else float("nan")
+        summary.update(
+            complete=complete,
+            global_step=global_step,
+            updates=updates_before + updates,
+            episodes=len(episodes),
+            wall_time=elapsed,
+            sps=(global_step - start_step) / max(elapsed, 1e-9),
+            mean_return_last_100=mean_return if last else None,
+            episodes_in_mean=len(last),
+            human_normalized_score=human_normalized(mean_return, rom),
+            random_human_scores=RANDOM_HUMAN_SCORES.get(game),
+            analysis=analysis,
+        )
+        with open(os.path.join(run_dir, "episodes.csv"), "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["global_step", "return", "length"])
+            w.writerows(episodes)
+        if args.save_model:
+            path = os.path.join(run_dir, "dqn_softmoe.pt")
+            save_checkpoint(path, args, q_net, target_net, optimizer, global_step, updates_before + updates, episodes)
+            summary["checkpoint"] = path
+        with open(os.path.join(run_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+
+    # --- the loop: act -> step (the emulators run in their threads while we learn) -> store -> log ---
+    obs, info = envs.reset(seed=args.seed)
+    tracker = EpisodeTracker(args.num_envs, args.protocol == "nature", args.truncation_is_terminal, info)
+    env0_episode = 0  # episodes of env 0 in this segment (the video schedule)
+    frames = [obs[0, -1]] if args.capture_video and video_trigger(0) else None
+    last_target_step, last_analysis_step = global_step, global_step
+    t_log = t_checkpoint = time.time()
+    interrupted = False
+    try:
+        while global_step < args.total_timesteps:
+            epsilon = epsilon_schedule(global_step, args.epsilon_decay_steps, args.learning_starts, args.end_e)
+            actions = select_actions(q_net, obs, epsilon, rng, num_actions, device)
+            envs.send(actions)
+
+            if global_step > learn_from:
+                due = int((global_step - learn_from) * args.replay_ratio)
+                while updates < due:
+                    batch = to_tensors(replay.sample(args.batch_size, rng), device)
+                    losses = train_step(
+                        q_net, target_net, optimizer, batch, args.gamma, args.load_balance_coef, args.num_experts or 1
+                    )
+                    updates += 1
+                    if updates % 100 == 0:
+                        for k, v in losses.items():
+                            writer.add_scalar(f"losses/{k}", float(v), global_step)
+                if period_crossed(last_target_step, global_step, args.target_network_frequency):
+                    target_net.load_state_dict(q_net.state_dict())
+                if args.analysis_every and period_crossed(last_analysis_step, global_step, args.analysis_every):
+                    batch = to_tensors(replay.sample(32, rng), device)
+                    analysis = network_analysis(q_net, target_net, batch, args.gamma, args.ntk_memory_mb * 2**20)
+                    analysis["global_step"] = global_step
+                    for k, v in analysis.items():
+                        writer.add_scalar(f"analysis/{k}", v, global_step)
+                last_target_step = last_analysis_step = global_step
+
+            next_obs, rewards, terminated, truncated, info = envs.recv()
+            steps, finished = tracker.step(replay, obs, actions, rewards, terminated, truncated, info)
+            global_step += steps
+            if frames is not None:
+                frames.append(next_obs[0, -1].copy())
+            for env, episode_return, length in finished:
+                episodes.append((global_step, episode_return, length))
+                writer.add_scalar("charts/episodic_return", episode_return, global_step)
+                writer.add_scalar("charts/episodic_length", length, global_step)
+                if env == 0 and args.capture_video:
+                    if frames is not None:
+                        write_video(os.path.join(video_dir, f"episode-{env0_episode}.mp4"), frames)
+                    env0_episode += 1
+                    frames = [] if video_trigger(env0_episode) else None
+            obs = next_obs
+
+            now = time.time()
+            if now - t_log >= args.log_every_seconds or global_step >= args.total_timesteps:
+                sps = (global_step - start_step) / (now - t_start)
+                last = [r for _, r, _ in episodes[-100:]]
+                mean_return = f"{np.mean(last):.1f}" if last else "-"
+                eta = (args.total_timesteps - global_step) / sps if sps > 0 else float("inf")
+                writer.add_scalar("charts/SPS", sps, global_step)
+                writer.add_scalar("charts/epsilon", epsilon, global_step)
+                print(
+                    f"step {global_step:,}/{args.total_timesteps:,} | {sps:,.0f} steps/s | "
+                    f"updates {updates_before + updates:,} | episodes {len(episodes):,} | "
+                    f"mean return (last 100) {mean_return} | epsilon {epsilon:.3f}"
+                    + (f" | td loss {float(losses['td_loss']):.4f}" if losses else "")
+                    + f" | ETA {fmt_time(eta) if math.isfinite(eta) else '?'}",
+                    flush=True,
+                )
+                t_log = now
+                if now - t_checkpoint >= 60 * args.checkpoint_every_minutes:
+                    write_outputs(complete=False)
+                    t_checkpoint = now
+    except KeyboardInterrupt:
+        interrupted = True
+        print("interrupted: writing the summary and (with --save-model) the checkpoint")
+    envs.close()
+
+    write_outputs(complete=not interrupted)
+    if summary["mean_return_last_100"] is not None:
+        writer.add_scalar("charts/mean_return_last_100", summary["mean_return_last_100"], global_step)
+    hns = summary["human_normalized_score"]
+    print(
+        f"done: {global_step:,} steps, {len(episodes)} episodes, mean return (last {summary['episodes_in_mean']}) "
+        f"{summary['mean_return_last_100']}, human-normalised {hns if hns is None else round(hns, 3)}, "
+        f"{summary['sps']:,.0f} steps/s"
+    )
+    writer.close()
+    if args.track:
+        wandb.finish()
+    return summary
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
