@@ -32,6 +32,7 @@ import json
 import math
 import os
 import random
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -497,7 +498,8 @@ def write_learning_curve(run_dir, scores, counts, block, title, paper_score=None
         w.writerow(["episode"] + [f"run{r}" for r in range(means.shape[0])] + ["mean"])
         for b in range(means.shape[1]):
             col = means[:, b]
-            w.writerow([(b + 1) * block] + [f"{v:.3f}" for v in col] + [f"{np.nanmean(col):.3f}"])
+            mean = f"{col.mean():.3f}" if not np.isnan(col).any() else ""  # only blocks every run finished
+            w.writerow([(b + 1) * block] + [f"{v:.3f}" for v in col] + [mean])
     if means.shape[1] == 0:
         return
     import matplotlib
@@ -509,7 +511,8 @@ def write_learning_curve(run_dir, scores, counts, block, title, paper_score=None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in range(means.shape[0]):
         ax.plot(x, means[r], "--", lw=0.8, alpha=0.6)
-    ax.plot(x, np.nanmean(means, 0), "k-", lw=2.5, label=f"mean of {means.shape[0]} runs")
+    complete = ~np.isnan(means).any(0)  # the mean only where every run has finished the block
+    ax.plot(x[complete], means[:, complete].mean(0), "k-", lw=2.5, label=f"mean of {means.shape[0]} runs")
     if paper_score is not None:
         ax.axhline(paper_score, color="r", ls=":", label=f"paper, final ({paper_score})")
     ax.set_xlabel("episode")
@@ -734,6 +737,10 @@ def main(args: Args) -> dict:
         with open(os.path.join(run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
 
+    def stop(signum, frame):  # SIGTERM (and SIGINT, even when a background shell ignored it) stop cleanly
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         while bool(active.any()):
             tau = temperature(episodes.float(), args.tau0, args.tau_k)
@@ -805,6 +812,9 @@ def main(args: Args) -> dict:
     except KeyboardInterrupt:
         interrupted = True
         print("interrupted: writing the summary, the learning curve and (with --save-model) the checkpoint")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
     if args.total_episodes > 0:
         write_outputs(complete=not interrupted)
