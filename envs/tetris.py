@@ -261,8 +261,9 @@ class AfterstateEngine:
             keep_sorted, order = (~sub_full).to(torch.uint8).sort(dim=-1, stable=True)
             sub = sub.gather(1, order[..., None].expand_as(sub)) * keep_sorted[..., None]
             after[cleared] = sub
-            new_heights[cleared] = column_heights(sub)
-            new_holes[cleared] = holes(sub)
+            sub_heights = column_heights(sub)
+            new_heights[cleared] = sub_heights
+            new_holes[cleared] = sub_heights.sum(-1) - sub.sum((-2, -1))  # as holes(), without rescanning heights
         return Afterstates(after, rows_cleared, game_over, self.valid[pieces], new_heights, new_holes)
 
 
