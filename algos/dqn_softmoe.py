@@ -39,6 +39,7 @@ import math
 import os
 import random
 import re
+import signal
 import time
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -937,6 +938,41 @@ def write_video(path: str, frames: list[np.ndarray], fps: int = 15):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# Learning curve (PNG beside episodes.csv)
+# ----------------------------------------------------------------------------------------------------------------------
+def write_learning_curve(path: str, episodes: list[tuple], game: str, title: str, window: int = 100):
+    """Episode returns against environment steps, with their running mean over `window` episodes and the game's
+    random and human scores (atari_scores.csv) as reference lines."""
+    if not episodes:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = np.array([e[0] for e in episodes], dtype=np.float64)
+    returns = np.array([e[1] for e in episodes], dtype=np.float64)
+    running = np.convolve(returns, np.ones(window), "valid") / window if len(returns) >= window else returns.cumsum()
+    running_steps = steps[window - 1 :] if len(returns) >= window else steps
+    if len(returns) < window:
+        running = running / np.arange(1, len(returns) + 1)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(steps, returns, ".", color="0.75", ms=2, label="episode return")
+    ax.plot(running_steps, running, "k-", lw=1.5, label=f"mean of the last {window} episodes")
+    if game in RANDOM_HUMAN_SCORES:
+        rnd, human = RANDOM_HUMAN_SCORES[game]
+        ax.axhline(rnd, color="gray", ls=":", label=f"random ({rnd:g})")
+        ax.axhline(human, color="r", ls=":", label=f"human ({human:g})")
+    ax.set_xlabel("environment steps (agent steps, 4 frames each)")
+    ax.set_ylabel("episode return (unclipped)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------------------------------------------------
 def fmt_time(seconds: float) -> str:
@@ -1068,6 +1104,7 @@ def main(args: Args) -> dict:
             w = csv.writer(f)
             w.writerow(["global_step", "return", "length"])
             w.writerows(episodes)
+        write_learning_curve(os.path.join(run_dir, "learning_curve.png"), episodes, game, run_name)
         if args.save_model:
             path = os.path.join(run_dir, "dqn_softmoe.pt")
             save_checkpoint(path, args, q_net, target_net, optimizer, global_step, updates_before + updates, episodes)
@@ -1083,6 +1120,11 @@ def main(args: Args) -> dict:
     last_target_step, last_analysis_step = global_step, global_step
     t_log = t_checkpoint = time.time()
     interrupted = False
+
+    def stop(signum, frame):  # SIGTERM (and SIGINT, even when a background shell ignored it) stop cleanly
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         while global_step < args.total_timesteps:
             epsilon = epsilon_schedule(global_step, args.epsilon_decay_steps, args.learning_starts, args.end_e)
@@ -1149,6 +1191,9 @@ def main(args: Args) -> dict:
     except KeyboardInterrupt:
         interrupted = True
         print("interrupted: writing the summary and (with --save-model) the checkpoint")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     envs.close()
 
     write_outputs(complete=not interrupted)

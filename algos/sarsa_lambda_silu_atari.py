@@ -50,6 +50,7 @@ import math
 import os
 import random
 import re
+import signal
 import time
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -818,6 +819,11 @@ def main(args: Args) -> dict:
         frames = [obs_np[0, -1]] if args.capture_video else None
         abs_td, q_mean, td_count = 0.0, 0.0, 0
         t_log = t_checkpoint = time.time()
+
+        def stop(signum, frame):  # SIGTERM (and SIGINT, even when a background shell ignored it) stop cleanly
+            raise KeyboardInterrupt
+
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             while episodes < args.total_episodes:
                 # Q_t(s_t, a_t) and grad_theta Q_t(s_t, a_t) per env, one vmapped call, while the emulators play a_t
@@ -895,6 +901,9 @@ def main(args: Args) -> dict:
         except KeyboardInterrupt:
             interrupted = True
             print("interrupted: writing the summary, the learning curve and (with --save-model) the checkpoint")
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     envs.close()
 
     write_outputs(complete=not interrupted)
