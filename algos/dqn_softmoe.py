@@ -172,6 +172,10 @@ class Args:
     """top1: weight of the importance and load losses added to the TD loss (0 = off, the reference's default; the
     reference's weights are 1.0)"""
 
+    bf16: bool = False
+    """run the encoder in bfloat16 autocast (about 2x faster convolutions on CPUs with AVX512-BF16/AMX and on GPUs);
+    the dense layer, the MoE, the head and the loss stay float32. Off by default: the reference trains in float32"""
+
     # --- analysis (Fig. 10) ---
     analysis_every: int = 250_000
     """agent steps between network analyses on 32 replay transitions (dormant neurons, feature norm, srank, empirical
@@ -674,9 +678,10 @@ class QNetwork(nn.Module):
         random_phi: bool = False,
         moe_normalize: bool = False,
         width_multiplier: int = 1,
+        bf16: bool = False,
     ):
         super().__init__()
-        self.moe_kind, self.tokenization = moe, tokenization
+        self.moe_kind, self.tokenization, self.bf16 = moe, tokenization, bf16
         self.encoder = NatureEncoder() if encoder == "nature" else ImpalaEncoder()
         with torch.no_grad():
             features = self.encoder(torch.zeros(1, STACK, *FRAME_SHAPE))  # (1, d, h, w)
@@ -693,7 +698,8 @@ class QNetwork(nn.Module):
         self.head = xavier_layer(nn.Linear(head_inputs, num_actions))
 
     def forward(self, x: torch.Tensor, return_aux: bool = False):
-        features = self.encoder(x.float() / 255.0)  # (B, d, h, w)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):  # --bf16: the convolutions
+            features = self.encoder(x.float() / 255.0).float()  # (B, d, h, w)
         if self.moe_kind == "none":
             hidden = F.relu(self.dense(features.flatten(1)))  # (B, 512 k)
             q, aux = self.head(hidden), {"hidden": hidden}
@@ -718,6 +724,7 @@ def build_network(args: Args, num_actions: int) -> QNetwork:
         random_phi=args.random_phi,
         moe_normalize=args.moe_normalize,
         width_multiplier=args.width_multiplier,
+        bf16=args.bf16,
     )
 
 
@@ -1017,9 +1024,12 @@ def main(args: Args) -> dict:
     rom = game_from_env_id(args.env_id)
     envs = make_env(args, rom)
     num_actions = int(envs.single_action_space.n)
-    q_net = build_network(args, num_actions).to(device)
-    target_net = build_network(args, num_actions).to(device)
-    optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    # channels_last kernels: the same maths, ~5% faster convolutions on CPU (oneDNN) and with cuDNN
+    q_net = build_network(args, num_actions).to(device, memory_format=torch.channels_last)
+    target_net = build_network(args, num_actions).to(device, memory_format=torch.channels_last)
+    # fused=True: Adam's update in one vectorised pass over each tensor instead of ~10 elementwise ops (same maths,
+    # 4x faster on CPU, where the unfused step of the 4M-parameter net took a quarter of each update)
+    optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=True)
     global_step, updates_before, episodes = 0, 0, []
     if ckpt is not None:
         try:

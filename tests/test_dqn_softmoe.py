@@ -439,6 +439,44 @@ def test_train_step_moves_q_towards_the_td_target_and_leaves_the_target_network_
     assert all(torch.equal(a, b) for a, b in zip(target_before, target_net.parameters(), strict=True))
 
 
+def random_batch(size: int = 8, num_actions: int = 3) -> dict:
+    return {
+        "states": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8),
+        "next_states": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8),
+        "actions": torch.randint(0, num_actions, (size,)),
+        "rewards": torch.randn(size),
+        "terminals": (torch.rand(size) < 0.3).float(),
+    }
+
+
+def test_fused_adam_and_channels_last_give_the_same_update_as_the_plain_step():
+    torch.manual_seed(3)
+    plain, target = dqn.QNetwork(3, moe="none"), dqn.QNetwork(3, moe="none")
+    fast = dqn.QNetwork(3, moe="none")
+    fast.load_state_dict(plain.state_dict())
+    fast = fast.to(memory_format=torch.channels_last)
+    opt_plain = torch.optim.Adam(plain.parameters(), lr=1e-3, eps=1.5e-4)
+    opt_fast = torch.optim.Adam(fast.parameters(), lr=1e-3, eps=1.5e-4, fused=True)
+    for _ in range(3):
+        batch = random_batch()
+        dqn.train_step(plain, target, opt_plain, batch, 0.99, 0.0, 1)
+        dqn.train_step(fast, target, opt_fast, batch, 0.99, 0.0, 1)
+    for a, b in zip(plain.parameters(), fast.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_bf16_encoder_keeps_float32_outputs_close_to_the_float32_network():
+    torch.manual_seed(4)
+    full, half = dqn.QNetwork(5, moe="softmoe", num_experts=4), dqn.QNetwork(5, moe="softmoe", num_experts=4, bf16=True)
+    half.load_state_dict(full.state_dict())
+    x = torch.randint(0, 256, (6, 4, 84, 84), dtype=torch.uint8)
+    q_full, q_half = full(x), half(x)
+    assert q_half.dtype == torch.float32
+    assert (q_half - q_full).abs().max() <= 0.02 * q_full.abs().max()
+    q_half.sum().backward()  # gradients reach the encoder through the autocast region
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in half.encoder.parameters())
+
+
 def test_analysis_metrics_on_hand_made_inputs():
     hidden = torch.tensor([[1.0, 0.0, 2.0, 0.0], [3.0, 0.0, 1.0, 0.0]])  # units 1 and 3 never fire
     assert dqn.dormant_fraction(hidden) == 0.5
