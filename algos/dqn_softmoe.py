@@ -959,10 +959,10 @@ def write_learning_curve(path: str, episodes: list[tuple], game: str, title: str
 
     steps = np.array([e[0] for e in episodes], dtype=np.float64)
     returns = np.array([e[1] for e in episodes], dtype=np.float64)
-    running = np.convolve(returns, np.ones(window), "valid") / window if len(returns) >= window else returns.cumsum()
-    running_steps = steps[window - 1 :] if len(returns) >= window else steps
-    if len(returns) < window:
-        running = running / np.arange(1, len(returns) + 1)
+    if len(returns) >= window:
+        running, running_steps = np.convolve(returns, np.ones(window), "valid") / window, steps[window - 1 :]
+    else:  # fewer episodes than the window: the mean of all so far
+        running, running_steps = returns.cumsum() / np.arange(1, len(returns) + 1), steps
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot(steps, returns, ".", color="0.75", ms=2, label="episode return")
     ax.plot(running_steps, running, "k-", lw=1.5, label=f"mean of the last {window} episodes")
