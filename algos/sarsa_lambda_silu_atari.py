@@ -112,9 +112,10 @@ class Args:
     runs/{run_name}/sarsa_lambda_silu_atari.pt (at the end and every --checkpoint-every-minutes)"""
     load_model: str | None = None
     """checkpoint to resume: theta, the traces, the episode counter i (so tau(i) goes on) and the learning curve. The
-    emulator state is not saved, so every environment starts a new episode, whose trace restarts at e_0 = 0 (eq. 5).
-    --total-episodes counts from the start of the original run; with --total-episodes 0 the checkpoint is only
-    evaluated"""
+    emulator state is not saved (ale_py's vector env cannot clone it), so every environment starts a new episode, whose
+    trace restarts at e_0 = 0 (eq. 5); the saved traces are therefore not needed to go on, and --num-envs may differ
+    from the checkpoint's. --total-episodes counts from the start of the original run; with --total-episodes 0 the
+    checkpoint is only evaluated"""
     log_every_seconds: float = 10.0
     """how often the progress line is printed"""
     checkpoint_every_minutes: float = 10.0
@@ -566,10 +567,6 @@ def load_checkpoint(path: str, args: Args, arch: dict) -> dict:
     if ckpt["theta"].shape != (arch["num_parameters"],):
         raise ValueError(f"--load-model {path!r} is damaged: theta has shape {tuple(ckpt['theta'].shape)}")
     if args.total_episodes > 0:
-        if ckpt["num_envs"] != args.num_envs:
-            raise ValueError(
-                f"--load-model {path!r} holds traces for {ckpt['num_envs']} env(s); pass --num-envs {ckpt['num_envs']}"
-            )
         if ckpt["episodes"] >= args.total_episodes:
             raise ValueError(
                 f"--load-model {path!r} is already at episode {ckpt['episodes']:,}; raise --total-episodes above it "
@@ -726,7 +723,7 @@ def main(args: Args) -> dict:
     history = {"score": [], "length": [], "global_step": []}
     if ckpt is not None:
         theta.copy_(ckpt["theta"].to(device))
-        if ckpt["eligibility"].shape == eligibility.shape:
+        if ckpt["eligibility"].shape == eligibility.shape:  # restored, then reset by the first step of each new episode
             eligibility.copy_(ckpt["eligibility"].to(device))
         episodes, global_step = int(ckpt["episodes"]), int(ckpt["global_step"])
         history = {k: v.tolist() for k, v in ckpt["history"].items()}

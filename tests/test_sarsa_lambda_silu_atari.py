@@ -444,6 +444,9 @@ def test_checkpoint_resume_continues_the_episode_counter_and_the_curve_and_evalu
     assert torch.equal(again["history"]["score"][:3], ckpt["history"]["score"])  # the learning curve continues
     assert not torch.equal(again["theta"], ckpt["theta"])
     assert resumed["final_temperature"] == pytest.approx(sarsa.temperature(5, 0.5, 0.0005))
+    # every environment starts a new episode on resume (traces restart at e_0 = 0), so another --num-envs may go on
+    other_n = run(total_episodes=4, num_envs=1, load_model=path)
+    assert other_n["start_episode"] == 3 and other_n["episodes"] == 4
 
     evaluated = run(total_episodes=0, eval_episodes=2, eval_selections=("softmax", "epsilon:0.05"), load_model=path)
     assert set(evaluated["eval"]) == {f"softmax:{sarsa.temperature(3, 0.5, 0.0005):g}", "epsilon:0.05"}
@@ -488,7 +491,6 @@ def test_bad_checkpoints_fail_with_one_line_before_anything_is_written(trained, 
         (dict(activations="relu-relu"), "activations: checkpoint silu-dsilu vs requested relu-relu"),
         (dict(padding="valid"), "padding: checkpoint same vs requested valid"),
         (dict(env_id="ALE/Pong-v5"), "game: checkpoint breakout vs requested pong"),
-        (dict(num_envs=1), "holds traces for 2 env(s); pass --num-envs 2"),
         (dict(total_episodes=3), "already at episode 3"),
         (dict(load_model=str(corrupt)), "not a readable checkpoint"),
         (dict(load_model=str(other)), "not a sarsa_lambda_silu_atari checkpoint"),
