@@ -754,6 +754,14 @@ def main(args: Args) -> dict:
         f"(traces {N * P * 4 / 1e6:.1f} MB), device {device}"
         + (f"; loaded {args.load_model} at episode {episodes:,}, step {global_step:,}" if ckpt else "")
     )
+    if ckpt is not None:  # tau(i) goes on from the checkpoint's i with this run's tau0 / tau_k: say so when they differ
+        trained = {k: ckpt["args"].get(k) for k in ("tau0", "tau_k")}
+        if trained != {"tau0": args.tau0, "tau_k": args.tau_k}:
+            tau = temperature(episodes, args.tau0, args.tau_k)
+            print(
+                f"note: the checkpoint was trained with --tau0 {trained['tau0']} --tau-k {trained['tau_k']}; this run "
+                f"uses --tau0 {args.tau0} --tau-k {args.tau_k}, so tau(i) = {tau:.4g} at episode {episodes:,}"
+            )
     summary = {
         "args": asdict(args),
         "run_name": run_name,

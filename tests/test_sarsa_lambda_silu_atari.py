@@ -432,8 +432,9 @@ def test_smoke_run_writes_summary_curves_tensorboard_video_and_checkpoint(traine
     assert ckpt["history"]["score"].tolist() == [float(r["score"]) for r in rows]
 
 
-def test_checkpoint_resume_continues_the_episode_counter_and_the_curve_and_evaluation_runs(trained, tmp_path,
-                                                                                          monkeypatch):  # fmt: skip
+def test_checkpoint_resume_continues_the_episode_counter_and_the_curve_and_evaluation_runs(
+    trained, tmp_path, monkeypatch, capsys
+):
     root, first = trained
     monkeypatch.chdir(tmp_path)
     path = str(root / first["checkpoint"])
@@ -445,8 +446,12 @@ def test_checkpoint_resume_continues_the_episode_counter_and_the_curve_and_evalu
     assert not torch.equal(again["theta"], ckpt["theta"])
     assert resumed["final_temperature"] == pytest.approx(sarsa.temperature(5, 0.5, 0.0005))
     # every environment starts a new episode on resume (traces restart at e_0 = 0), so another --num-envs may go on
-    other_n = run(total_episodes=4, num_envs=1, load_model=path)
+    capsys.readouterr()
+    other_n = run(total_episodes=4, num_envs=1, load_model=path, tau_k=0.005)
     assert other_n["start_episode"] == 3 and other_n["episodes"] == 4
+    # tau(i) goes on with this run's schedule, and a schedule other than the checkpoint's is pointed out
+    assert "note: the checkpoint was trained with --tau0 0.5 --tau-k 0.0005" in capsys.readouterr().out
+    assert other_n["final_temperature"] == pytest.approx(sarsa.temperature(4, 0.5, 0.005))
 
     evaluated = run(total_episodes=0, eval_episodes=2, eval_selections=("softmax", "epsilon:0.05"), load_model=path)
     assert set(evaluated["eval"]) == {f"softmax:{sarsa.temperature(3, 0.5, 0.0005):g}", "epsilon:0.05"}
