@@ -2,7 +2,7 @@
 # Named suites of experiments at a chosen budget and number of seeds. Each run is one plain command line, printed
 # before it runs, so it can be copied and reused. Results land in runs/{run_name}/ (tensorboard, summary.json, CSV, PNG).
 #
-#   bash benchmark.sh SUITE [--episodes N] [--runs N] [--seeds "1 2 3"] [--dry-run] [-- extra flags for every run]
+#   bash benchmark.sh SUITE [--episodes N] [--runs N] [--envs N] [--seeds "1 2 3"] [--dry-run] [-- extra flags]
 #
 # Suites:
 #   tetris-table1   Table 1: shallow SiLU / ReLU / dSiLU / sigmoid (10 runs each) and deep SiLU-SiLU / ReLU-ReLU /
@@ -11,9 +11,16 @@
 #   tetris-table3   Table 3 and Fig. 6: trains the shallow dSiLU agent, then evaluates softmax (final tau) and
 #                   epsilon-greedy (0, 0.001, 0.01, 0.05) and writes the value analysis (V(s_t) vs R_t).
 #   tetris-speed    placements per second of the Gymnasium env, the batched engine and the training loop.
+#   atari-table2    Table 2 / Fig. 5: Sarsa(lambda) SiLU-dSiLU on the 12 games (Alien ... Breakout), 2 runs each
+#                   (seeds 1 2). Paper budget: 200,000 episodes per run.
+#   atari-table3    Table 3 Atari rows: trains Asterix and Asteroids, then evaluates softmax (final tau) and
+#                   epsilon-greedy (0, 0.001, 0.01, 0.05) and writes the value analysis of Fig. 7 (Q(s_t,a_t) vs R_t).
+#   atari-reduced   the README's reduced-budget Asterix run: tau schedule compressed 10x (--tau-k 0.005), 8 envs.
+#   atari-speed     agent steps per second of the Sarsa(lambda) loop at --num-envs 1 and 8 (Asterix, 100 s each).
 #
-# --episodes defaults to the paper's budget; --runs overrides the number of batched runs per configuration; each seed
-# in --seeds is one more command (the runs of one command are already independent).
+# --episodes defaults to the paper's budget; --runs overrides the number of batched runs per configuration (Tetris);
+# --envs sets --num-envs of the Atari runs (default 1, the paper's agent); each seed in --seeds is one more command
+# (the runs of one command are already independent).
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-.venv/bin/python}
@@ -21,11 +28,12 @@ PY=${PYTHON:-.venv/bin/python}
 
 suite=${1:-}
 shift || true
-episodes="" runs="" seeds="1" dry=0 extra=()
+episodes="" runs="" envs="1" seeds="" dry=0 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --episodes) episodes=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
+    --envs) envs=$2; shift 2 ;;
     --seeds) seeds=$2; shift 2 ;;
     --dry-run) dry=1; shift ;;
     --) shift; extra=("$@"); break ;;
@@ -41,11 +49,21 @@ run() {  # print the command, then run it (unless --dry-run)
 td() {  # td DEFAULT_EPISODES DEFAULT_RUNS flags...
   local default_episodes=$1 default_runs=$2
   shift 2
-  for seed in $seeds; do
+  for seed in ${seeds:-1}; do
     run "$PY" algos/td_lambda_tetris.py --seed "$seed" --total-episodes "${episodes:-$default_episodes}" \
       --num-runs "${runs:-$default_runs}" "$@" "${extra[@]}"
   done
 }
+
+sarsa() {  # sarsa DEFAULT_SEEDS flags...: one command per seed
+  local default_seeds=$1
+  shift
+  for seed in ${seeds:-$default_seeds}; do
+    run "$PY" algos/sarsa_lambda_silu_atari.py --seed "$seed" "$@" "${extra[@]}"
+  done
+}
+
+TABLE2_GAMES="Alien Amidar Assault Asterix Asteroids Atlantis BankHeist BattleZone BeamRider Bowling Boxing Breakout"
 
 case "$suite" in
   tetris-table1)
@@ -65,8 +83,29 @@ case "$suite" in
       td "${episodes:-1000}" "$n" --activation dsilu --log-every-seconds 1000 --exp-name "speed_runs$n"
     done
     ;;
+  atari-table2)
+    for game in $TABLE2_GAMES; do
+      sarsa "1 2" --env-id "ALE/$game-v5" --total-episodes "${episodes:-200000}" --num-envs "$envs" --save-model
+    done
+    ;;
+  atari-table3)
+    for game in Asterix Asteroids; do
+      sarsa 1 --env-id "ALE/$game-v5" --total-episodes "${episodes:-200000}" --num-envs "$envs" --save-model \
+        --eval-episodes 100 --eval-selections softmax epsilon:0 epsilon:0.001 epsilon:0.01 epsilon:0.05
+    done
+    ;;
+  atari-reduced)
+    sarsa 1 --env-id ALE/Asterix-v5 --num-envs 8 --tau-k 0.005 --total-episodes "${episodes:-20000}" \
+      --exp-name reduced_tauk0.005 --save-model --log-every-seconds 60 --checkpoint-every-minutes 5
+    ;;
+  atari-speed)
+    for n in 1 8; do  # SIGTERM after 100 s stops the run cleanly; sps is in its summary.json
+      run timeout -s TERM 100 "$PY" algos/sarsa_lambda_silu_atari.py --env-id ALE/Asterix-v5 --num-envs "$n" \
+        --exp-name "speed_envs$n" --log-every-seconds 30 "${extra[@]}" || [ $? = 124 ]
+    done
+    ;;
   *)
-    sed -n '2,17p' "$0"
+    sed -n '2,23p' "$0"
     [ -z "$suite" ] && exit 0
     echo "benchmark.sh: unknown suite '$suite'" >&2
     exit 2
