@@ -17,7 +17,7 @@ ROOT = os.path.dirname(HERE)
 BLOCK = 100
 RANDOM, DQN = 210.0, 6012.0  # Table 2 / Mnih et al. (2015), shared/reference/atari_scores.csv
 RUNS = [  # (episodes.csv glob, label, tau_k, colour)
-    (os.path.join(HERE, "Asterix__reduced_tauk0.005__*", "episodes.csv"),
+    (os.path.join(HERE, "Asterix__reduced_tauk0.005*", "episodes.csv"),  # the last segment holds the whole history
      "tau_k 0.005 (paper schedule compressed 10x)", 0.005, "tab:blue"),
     (os.path.join(ROOT, "sarsa_atari_reduced", "Asterix__result_cpu2__*", "episodes.csv"),
      "tau_k 0.0005 (paper schedule), earlier run", 0.0005, "k"),
