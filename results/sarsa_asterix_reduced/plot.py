@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BLOCK = 100
-RANDOM, DQN = 210.0, 6012.0  # Table 2 / Mnih et al. (2015), shared/reference/atari_scores.csv
+RANDOM = 210.0  # Table 2 / Mnih et al. (2015), shared/reference/atari_scores.csv
 RUNS = [  # (episodes.csv glob, label, tau_k, colour)
     (os.path.join(HERE, "Asterix__reduced_tauk0.005*", "episodes.csv"),  # the last segment holds the whole history
      "tau_k 0.005 (paper schedule compressed 10x)", 0.005, "tab:blue"),
