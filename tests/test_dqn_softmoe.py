@@ -253,23 +253,27 @@ def test_q_network_outputs_for_every_variant():
 # ----------------------------------------------------------------------------------------------------------------------
 # Replay memory
 # ----------------------------------------------------------------------------------------------------------------------
-def collect(protocol, steps, capacity, num_envs=2, seed=3):
-    """Random play on Breakout through the same tracker the training loop uses; returns the replay memory and
-    every observation the environments returned (steps, num_envs, 4, 84, 84)."""
-    args = dqn.Args(env_id="ALE/Breakout-v5", protocol=protocol, num_envs=num_envs)
-    envs = dqn.make_env(args, "breakout")
+def collect(protocol, steps, capacity, num_envs=2, seed=3, truncation_is_terminal=False, max_episode_frames=108_000):
+    """Random play on Breakout stored exactly as the training loop stores it; returns the replay memory, every
+    observation the agent saw (steps, num_envs, 4, 84, 84), the rewards and the finished episodes."""
+    args = dqn.Args(
+        env_id="ALE/Breakout-v5", protocol=protocol, num_envs=num_envs, max_episode_frames=max_episode_frames
+    )
+    envs = dqn.make_env(args, "breakout", num_envs)
     replay = dqn.FrameReplay(capacity, num_envs)
     obs, info = envs.reset(seed=seed)
-    tracker = dqn.EpisodeTracker(num_envs, protocol == "nature", True, info)
+    tracker = dqn.EpisodeTracker(num_envs, protocol != "dopamine", truncation_is_terminal, info)
     rng = np.random.default_rng(seed)
     observations, rewards, finished = [], [], []
     for _ in range(steps):
         actions = rng.integers(0, envs.single_action_space.n, size=num_envs).astype(np.int32)
         next_obs, reward, terminated, truncated, info = envs.step(actions)
-        finished += tracker.step(replay, obs, actions, reward, terminated, truncated, info)[1]
+        step = tracker.step(reward, terminated, truncated, info)
+        replay.add(obs[:, -1], actions, np.clip(reward, -1, 1), step.terminal, step.valid, step.history)
+        finished += step.finished
         observations.append(obs)
         rewards.append(reward)
-        obs = next_obs
+        obs = tracker.agent_view(next_obs)
     envs.close()
     return replay, np.stack(observations), np.stack(rewards), finished
 
@@ -283,15 +287,35 @@ def test_rebuilt_stacks_equal_the_stacks_the_environment_returned(protocol):
     for env in range(2):
         np.testing.assert_array_equal(replay.stacks(ages, np.full(steps, env)), observations[:, env])
     np.testing.assert_array_equal(replay.rewards[:steps], np.clip(rewards, -1, 1))
-    if protocol == "nature":  # a lost life is terminal but the game (and the stack) goes on
+    if protocol == "nature":  # a lost life is terminal; the game goes on but the agent starts a new stack
         lost_life = replay.terminals[: steps - 1] & replay.valid[1:steps]
-        assert lost_life.any() and (replay.history[1:steps][lost_life] == 3).any()
+        assert lost_life.any() and (replay.history[1:steps][lost_life] == 0).all()
+        after = np.flatnonzero(lost_life[:, 0])[0] + 1
+        assert observations[after, 0, :3].max() == 0 and observations[after + 1, 0, :2].max() == 0
 
     batch = replay.sample(256, np.random.default_rng(0))
     age = (batch["rows"] - (replay.cursor - replay.count)) % replay.rows
     np.testing.assert_array_equal(batch["states"], observations[age, batch["envs"]])
     np.testing.assert_array_equal(batch["next_states"], observations[age + 1, batch["envs"]])
     assert replay.valid[batch["rows"], batch["envs"]].all()  # never the reset step that follows an episode end
+
+
+def test_the_step_cut_by_the_time_limit_is_stored_but_never_sampled():
+    # 400 frames = 100 agent steps per episode: every episode of random Breakout play ends at the cap
+    replay, _, _, finished = collect("dopamine", 450, capacity=2 * 500, max_episode_frames=400)
+    assert len(finished) >= 4 and all(length == 100 for _, _, length in finished)
+    cut_rows = [99, 200, 301]  # 100 steps (the last one cut), the reset step (invalid), the next episode
+    for env in range(2):
+        for row in cut_rows:
+            assert not replay.valid[row, env] and not replay.terminals[row, env] and replay.valid[row - 1, env]
+    batch = replay.sample(2000, np.random.default_rng(0), n_step=3)
+    age = (batch["rows"] - (replay.cursor - replay.count)) % replay.rows
+    for row in cut_rows:  # no n-step window reaches the cut transition: rows row-2 .. row are never drawn
+        assert not np.isin(age, [row - 2, row - 1, row]).any()
+    assert not batch["terminals"].any()  # the cut is not a terminal
+    # Dopamine at HEAD: the cut is stored as a terminal transition and sampled
+    replay, _, _, _ = collect("dopamine", 250, capacity=2 * 300, max_episode_frames=400, truncation_is_terminal=True)
+    assert replay.valid[99].all() and replay.terminals[99].all()
 
 
 def test_stacks_after_the_memory_wraps_around():
@@ -357,11 +381,12 @@ class FakeVectorEnv:
 def test_sampled_stacks_never_mix_episodes():
     env = FakeVectorEnv(2, lengths=[[1, 2, 5, 3, 9], [4, 1, 1, 7]])
     replay = dqn.FrameReplay(2 * 37, 2)
-    tracker = dqn.EpisodeTracker(2, False, True, env.info())
+    tracker = dqn.EpisodeTracker(2, False, False, env.info())
     obs = env.stack.copy()
     for _ in range(300):
         next_obs, reward, terminated, truncated, info = env.step()
-        tracker.step(replay, obs, np.zeros(2, dtype=np.int32), reward, terminated, truncated, info)
+        step = tracker.step(reward, terminated, truncated, info)
+        replay.add(obs[:, -1], np.zeros(2), reward, step.terminal, step.valid, step.history)
         obs = next_obs
     batch = replay.sample(512, np.random.default_rng(2))
     for key in ("states", "next_states"):
@@ -392,8 +417,9 @@ def test_defaults_follow_the_labs_moes_dqn_config():
     assert (args.learning_rate, args.adam_eps, args.batch_size, args.gamma) == (6.25e-5, 1.5e-4, 32, 0.99)
     assert (args.replay_ratio, args.target_network_frequency, args.learning_starts) == (0.25, 8000, 20_000)
     assert (args.end_e, args.epsilon_decay_steps, args.buffer_size) == (0.01, 250_000, 1_000_000)
-    assert (args.num_experts, args.tokenization, args.expert_width, args.encoder) == (8, "perconv", 512, "nature")
-    assert args.protocol == "dopamine" and args.max_episode_frames == 108_000
+    assert (args.num_experts, args.tokenization, args.expert_width, args.encoder) == (8, "perconv", 512, "impala")
+    assert args.protocol == "dopamine" and args.max_episode_frames == 108_000 and not args.truncation_is_terminal
+    assert args.n_step == 1 and args.iteration_steps == 250_000
 
 
 def test_epsilon_schedule_is_dopamines_linear_decay_after_warmup():
@@ -420,9 +446,36 @@ def test_target_network_period():
         assert all(c % 8000 < step_size for c in crossings)
 
 
+def train_step(q_net, target_net, optimizer, batch, **kw):
+    """The training loop's update: dqn_loss, then one optimiser step."""
+    args = dqn.fill_defaults(dqn.Args(moe="none", **kw))
+    loss, metrics = dqn.dqn_loss(q_net, target_net, batch, args)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return metrics
+
+
+def test_dqn_loss_is_the_mean_squared_td_error_with_the_n_step_discount():
+    torch.manual_seed(9)
+    q_net, target_net = dqn.QNetwork(3, "nature", moe="none"), dqn.QNetwork(3, "nature", moe="none")
+    batch = random_batch()
+    for n_step in (1, 3):
+        args = dqn.fill_defaults(dqn.Args(moe="none", n_step=n_step, gamma=0.9))
+        loss, metrics = dqn.dqn_loss(q_net, target_net, batch, args)
+        with torch.no_grad():
+            y = (
+                batch["rewards"]
+                + 0.9**n_step * (1 - batch["terminals"]) * target_net(batch["next_states"]).max(1).values
+            )
+            q = q_net(batch["states"])[torch.arange(8), batch["actions"]]
+        torch.testing.assert_close(metrics["per_sample_loss"].detach(), (y - q) ** 2)
+        torch.testing.assert_close(loss, ((y - q) ** 2).mean())
+
+
 def test_train_step_moves_q_towards_the_td_target_and_leaves_the_target_network_alone():
     torch.manual_seed(7)
-    q_net, target_net = dqn.QNetwork(3, moe="none"), dqn.QNetwork(3, moe="none")
+    q_net, target_net = dqn.QNetwork(3, "nature", moe="none"), dqn.QNetwork(3, "nature", moe="none")
     target_before = [p.clone() for p in target_net.parameters()]
     optimizer = torch.optim.Adam(q_net.parameters(), lr=1e-3, eps=1.5e-4)
     batch = {
@@ -432,9 +485,9 @@ def test_train_step_moves_q_towards_the_td_target_and_leaves_the_target_network_
         "rewards": torch.ones(8),
         "terminals": torch.ones(8),  # target = r = 1
     }
-    first = dqn.train_step(q_net, target_net, optimizer, batch, 0.99, 0.0, 1)["td_loss"]
+    first = train_step(q_net, target_net, optimizer, batch)["td_loss"]
     for _ in range(10):
-        last = dqn.train_step(q_net, target_net, optimizer, batch, 0.99, 0.0, 1)["td_loss"]
+        last = train_step(q_net, target_net, optimizer, batch)["td_loss"]
     assert last < first
     assert all(torch.equal(a, b) for a, b in zip(target_before, target_net.parameters(), strict=True))
 
@@ -451,23 +504,24 @@ def random_batch(size: int = 8, num_actions: int = 3) -> dict:
 
 def test_fused_adam_and_channels_last_give_the_same_update_as_the_plain_step():
     torch.manual_seed(3)
-    plain, target = dqn.QNetwork(3, moe="none"), dqn.QNetwork(3, moe="none")
-    fast = dqn.QNetwork(3, moe="none")
+    plain, target = dqn.QNetwork(3, "nature", moe="none"), dqn.QNetwork(3, "nature", moe="none")
+    fast = dqn.QNetwork(3, "nature", moe="none")
     fast.load_state_dict(plain.state_dict())
     fast = fast.to(memory_format=torch.channels_last)
     opt_plain = torch.optim.Adam(plain.parameters(), lr=1e-3, eps=1.5e-4)
     opt_fast = torch.optim.Adam(fast.parameters(), lr=1e-3, eps=1.5e-4, fused=True)
     for _ in range(3):
         batch = random_batch()
-        dqn.train_step(plain, target, opt_plain, batch, 0.99, 0.0, 1)
-        dqn.train_step(fast, target, opt_fast, batch, 0.99, 0.0, 1)
+        train_step(plain, target, opt_plain, batch)
+        train_step(fast, target, opt_fast, batch)
     for a, b in zip(plain.parameters(), fast.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_bf16_encoder_keeps_float32_outputs_close_to_the_float32_network():
     torch.manual_seed(4)
-    full, half = dqn.QNetwork(5, moe="softmoe", num_experts=4), dqn.QNetwork(5, moe="softmoe", num_experts=4, bf16=True)
+    full = dqn.QNetwork(5, "nature", moe="softmoe", num_experts=4)
+    half = dqn.QNetwork(5, "nature", moe="softmoe", num_experts=4, bf16=True)
     half.load_state_dict(full.state_dict())
     x = torch.randint(0, 256, (6, 4, 84, 84), dtype=torch.uint8)
     q_full, q_half = full(x), half(x)
@@ -493,17 +547,56 @@ def test_analysis_metrics_on_hand_made_inputs():
 
 def test_empirical_ntk_is_the_gram_matrix_of_per_sample_gradients_in_any_number_of_passes():
     torch.manual_seed(8)
-    net = dqn.QNetwork(3, moe="softmoe", num_experts=2, tokenization="perfeat", expert_width=8)
-    batch = {"states": torch.randint(0, 256, (4, 4, 84, 84), dtype=torch.uint8), "actions": torch.tensor([0, 1, 2, 0])}
-    targets = torch.randn(4)
-    one_pass = dqn.empirical_ntk(net, batch, targets)
-    many_passes = dqn.empirical_ntk(net, batch, targets, memory_bytes=4 * 4 * 30_000)
+    net = dqn.QNetwork(3, "nature", moe="softmoe", num_experts=2, tokenization="perfeat", expert_width=8)
+    states, actions, targets = (
+        torch.randint(0, 256, (4, 4, 84, 84), dtype=torch.uint8),
+        torch.tensor([0, 1, 2, 0]),
+        torch.randn(4),
+    )
+    params = list(net.parameters())
+
+    def per_sample_loss(i):
+        return (targets[i] - net(states[i : i + 1])[0, actions[i]]) ** 2
+
+    one_pass = dqn.empirical_ntk(per_sample_loss, params, 4)
+    many_passes = dqn.empirical_ntk(per_sample_loss, params, 4, memory_bytes=4 * 4 * 30_000)
     torch.testing.assert_close(one_pass, many_passes, rtol=1e-5, atol=1e-6 * float(one_pass.abs().max()))
-    q = net(batch["states"][1:2])[0, 1]
-    grads = torch.autograd.grad((targets[1] - q) ** 2, list(net.parameters()), allow_unused=True)
+    grads = torch.autograd.grad(per_sample_loss(1), params, allow_unused=True)
     norm2 = sum(float((g**2).sum()) for g in grads if g is not None)
     assert one_pass[1, 1].item() == pytest.approx(norm2, rel=1e-4)
     assert torch.allclose(one_pass, one_pass.T) and torch.linalg.eigvalsh(one_pass).min() > -1e-6 * one_pass.max()
+
+
+def test_network_analysis_uses_the_training_loss_and_names_what_it_measures():
+    torch.manual_seed(10)
+    args = dqn.fill_defaults(dqn.Args(encoder="nature", num_experts=2, expert_width=8, tokenization="perfeat"))
+    q_net, target_net = dqn.build_network(args, 3), dqn.build_network(args, 3)
+    batch = random_batch(6)
+    out = dqn.network_analysis(q_net, target_net, batch, args)
+    loss, metrics = dqn.dqn_loss(q_net, target_net, batch, args)
+    assert out["td_loss"] == pytest.approx(float(loss.detach()), rel=1e-5)
+    head_input, hidden = metrics["aux"]["head_input"].detach(), metrics["aux"]["hidden"].detach()
+    assert head_input.shape == (6, 64 * 121) and hidden.shape == (6, 2, 32, 8)
+    assert out["srank_head_input"] == dqn.srank(head_input) and out["srank_expert_hidden"] == dqn.srank(
+        hidden.reshape(6, -1)
+    )
+    assert out["feature_norm_head_input"] == pytest.approx(dqn.feature_norm(head_input))
+    assert out["feature_norm_expert_hidden"] == pytest.approx(dqn.feature_norm(hidden.flatten(1, -2)))
+    base = dqn.fill_defaults(dqn.Args(encoder="nature", moe="none"))
+    out = dqn.network_analysis(dqn.build_network(base, 3), dqn.build_network(base, 3), batch, base)
+    assert "srank_head_input" in out and "srank_expert_hidden" not in out  # the dense layer is the head's input
+
+
+def test_iteration_returns_average_the_episodes_that_end_in_each_complete_iteration():
+    episodes = [(10, 1.0, 5), (100, 3.0, 5), (101, 10.0, 5), (250, 20.0, 5), (260, 99.0, 5)]
+    out = dqn.iteration_returns(episodes, 100, global_step=300)
+    assert out == [
+        {"iteration": 0, "end_step": 100, "mean_return": 2.0, "episodes": 2},
+        {"iteration": 1, "end_step": 200, "mean_return": 10.0, "episodes": 1},
+        {"iteration": 2, "end_step": 300, "mean_return": 59.5, "episodes": 2},
+    ]
+    assert dqn.iteration_returns(episodes, 100, global_step=299)[-1]["iteration"] == 1  # iteration 2 is not over
+    assert dqn.iteration_returns([], 100, 1000) == []
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -574,7 +667,8 @@ def test_smoke_run_on_breakout(tmp_path, monkeypatch, kw):
     assert any(p.name.startswith("events.out.tfevents") for p in run_dir.iterdir())
     if kw.get("analysis_every"):
         analysis = saved["analysis"]
-        for key in ("dormant_percentage", "feature_norm", "srank", "entk_srank_0.01", "expert_load_max"):
+        for key in ("dormant_percentage", "feature_norm_head_input", "srank_expert_hidden", "entk_srank_0.01",
+                    "expert_load_max"):  # fmt: skip
             assert key in analysis and math.isfinite(analysis[key]), key
         if kw["moe"] == "top1":
             assert 0.0 <= analysis["dropped_token_fraction"] <= 1.0
@@ -589,8 +683,8 @@ def test_checkpoint_resume_continues_the_step_counter(tmp_path, monkeypatch):
     first = run(moe="top1", total_timesteps=300, learning_starts=150, save_model=True)
     path = str(tmp_path / first["checkpoint"])
     ckpt = torch.load(path, weights_only=True)
-    assert ckpt["global_step"] == 300 and ckpt["updates"] == first["updates"] > 0
-    resumed = run(moe="top1", total_timesteps=450, learning_starts=100, save_model=True, load_model=path)
+    assert ckpt["global_step"] == 300 and ckpt["updates"] == first["updates"] > 0 and ckpt["format"] == "dqn_softmoe/2"
+    resumed = run(moe="top1", total_timesteps=450, learning_starts=100, save_model=True, resume=path)
     assert resumed["start_step"] == 300 and resumed["global_step"] == 450
     assert resumed["updates"] == first["updates"] + int((450 - 400) * 0.25)  # replay refilled for 100 steps first
     again = torch.load(resumed["checkpoint"], weights_only=True)
@@ -603,12 +697,12 @@ def test_checkpoint_resume_continues_the_step_counter(tmp_path, monkeypatch):
     bad = tmp_path / "corrupt.pt"
     bad.write_bytes(b"not a checkpoint")
     cases = [
-        (dict(moe="softmoe", load_model=path), "another architecture"),
-        (dict(moe="top1", num_experts=4, load_model=path), "num_experts: checkpoint 8 vs requested 4"),
-        (dict(moe="top1", env_id="ALE/Pong-v5", load_model=path), "env_id"),
-        (dict(moe="top1", total_timesteps=300, load_model=path), "already at step 300"),
-        (dict(moe="top1", load_model=str(bad)), "not a readable checkpoint"),
-        (dict(moe="top1", load_model=str(tmp_path / "missing.pt")), "no such file"),
+        (dict(moe="softmoe", resume=path), "another architecture"),
+        (dict(moe="top1", num_experts=4, resume=path), "num_experts: checkpoint 8 vs requested 4"),
+        (dict(moe="top1", env_id="ALE/Pong-v5", resume=path), "env_id"),
+        (dict(moe="top1", total_timesteps=300, resume=path), "already at step 300"),
+        (dict(moe="top1", resume=str(bad)), "not a readable checkpoint"),
+        (dict(moe="top1", resume=str(tmp_path / "missing.pt")), "no such file"),
     ]
     for kw, message in cases:
         with pytest.raises(SystemExit) as err:
@@ -617,10 +711,58 @@ def test_checkpoint_resume_continues_the_step_counter(tmp_path, monkeypatch):
     assert not os.path.exists("runs")
 
 
+@pytest.mark.parametrize("kw", [dict(replay_ratio=1.0), dict(num_envs=4), dict(num_envs=4, n_step=3)])
+def test_learning_from_step_0_waits_for_a_whole_stack(tmp_path, monkeypatch, kw):
+    monkeypatch.chdir(tmp_path)
+    summary = run(moe="none", encoder="nature", total_timesteps=40, learning_starts=0, **kw)
+    assert summary["complete"] and summary["updates"] > 0
+
+
+def test_resume_with_the_replay_memory_learns_at_once_from_the_same_memory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first = run(moe="none", encoder="nature", total_timesteps=300, learning_starts=150, save_model=True,
+                checkpoint_replay=True)  # fmt: skip
+    path = first["checkpoint"]
+    saved = np.load(dqn.replay_path(path))
+    count = int(saved["pointers"][1])  # 300 agent steps, plus a reset step after each finished episode
+    assert (
+        count >= 300
+        and saved["frames"].shape == (count, 1, 84, 84)
+        and list(saved["pointers"]) == [count, count, 2000, 1]
+    )
+    ckpt = torch.load(path, weights_only=True)
+    memory = dqn.FrameReplay(2000, 1)
+    memory.load_state_dict(dqn.load_replay(path))
+    assert not memory.valid[count - 1].any()  # the interrupted episode's last row has no stored successor
+    for name in ("frames", "actions", "rewards", "terminals", "history"):
+        np.testing.assert_array_equal(getattr(memory, name)[:count], saved[name])
+    rng_a, rng_b = np.random.default_rng(), np.random.default_rng()
+    rng_a.bit_generator.state = rng_b.bit_generator.state = ckpt["numpy_rng"]
+    a, b = memory.sample(32, rng_a), memory.sample(32, rng_b)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    resumed = run(moe="none", encoder="nature", total_timesteps=400, learning_starts=150, save_model=True,
+                  checkpoint_replay=True, resume=path)  # fmt: skip
+    assert resumed["start_step"] == 300 and resumed["updates"] == first["updates"] + int(99 * 0.25)  # no refill
+    os.remove(dqn.replay_path(path))
+    with pytest.raises(SystemExit, match="was saved with its replay memory, but .* is missing"):
+        run(moe="none", encoder="nature", total_timesteps=500, resume=path)
+
+
+def test_a_checkpoint_of_another_script_is_refused_with_its_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    torch.save({"format": "rainbow_softmoe/2", "architecture": {}}, tmp_path / "other.pt")
+    with pytest.raises(SystemExit) as err:
+        run(resume=str(tmp_path / "other.pt"))
+    assert "not a dqn_softmoe checkpoint but a rainbow_softmoe one" in str(err.value)
+
+
 @pytest.mark.parametrize(
     "kw, message",
     [
         (dict(env_id="ALE/Pongg-v5"), "closest valid ids: ALE/Pong-v5"),
+        (dict(learning_rate=float("nan")), "--learning-rate must be a finite number"),
+        (dict(n_step=0), "--n-step must be at least 1"),
+        (dict(checkpoint_replay=True), "add --save-model"),
         (dict(num_experts=0), "--num-experts must be at least 1"),
         (dict(moe="none", tokenization="perfeat"), "--tokenization needs an MoE"),
         (dict(moe="none", num_experts=8), "--num-experts needs an MoE"),
