@@ -96,7 +96,7 @@ case "$suite" in
     ;;
   atari-reduced)
     sarsa 1 --env-id ALE/Asterix-v5 --num-envs 8 --tau-k 0.005 --total-episodes "${episodes:-20000}" \
-      --exp-name reduced_tauk0.005 --save-model --log-every-seconds 60 --checkpoint-every-minutes 5
+      --exp-name reduced_tauk0.005 --save-model --log-every-seconds 60 --write-every-minutes 5
     ;;
   atari-speed)
     for n in 1 8; do  # SIGTERM after 100 s stops the run cleanly; sps is in its summary.json

@@ -267,7 +267,10 @@ def validate_common(args) -> str | None:
 
 def make_env(args: Args, rom: str, num_envs: int):
     """ale_py's vector env with the chosen protocol. Rewards come back unclipped (the agent clips them) and each
-    observation is a (4, 84, 84) uint8 stack whose frames before the episode start are zero, as in Dopamine."""
+    observation is a (4, 84, 84) uint8 stack whose frames before the episode start are zero, as in Dopamine.
+    Two small differences from Dopamine's runner remain: ale_py's no-op start is 0-29 emulator frames where Dopamine
+    takes 0-29 agent steps (0-116 frames), and a lost life does not cut the 4-frame skip short (Dopamine's
+    AtariPreprocessing stops at the lost life)."""
     sticky = args.protocol == "dopamine"
     life_loss = args.protocol != "dopamine"
     return ale_py.AtariVectorEnv(

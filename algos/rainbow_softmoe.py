@@ -366,7 +366,10 @@ def validate_common(args) -> str | None:
 
 def make_env(args: Args, rom: str, num_envs: int):
     """ale_py's vector env with the chosen protocol. Rewards come back unclipped (the agent clips them) and each
-    observation is a (4, 84, 84) uint8 stack whose frames before the episode start are zero, as in Dopamine."""
+    observation is a (4, 84, 84) uint8 stack whose frames before the episode start are zero, as in Dopamine.
+    Two small differences from Dopamine's runner remain: ale_py's no-op start is 0-29 emulator frames where Dopamine
+    takes 0-29 agent steps (0-116 frames), and a lost life does not cut the 4-frame skip short (Dopamine's
+    AtariPreprocessing stops at the lost life)."""
     sticky = args.protocol == "dopamine"
     life_loss = args.protocol != "dopamine"
     return ale_py.AtariVectorEnv(
@@ -765,8 +768,10 @@ def factorised_noise(shape, device) -> torch.Tensor:
 class NoisyLinear(nn.Module):
     """y = x (mu_W + sigma_W * f(e_out) f(e_in)^T)^T + mu_b + sigma_b * f(e_out): a fresh noise draw at every forward
     pass, shared by the batch (Fortunato et al.; Dopamine's full Rainbow agent passes one key for the whole batch --
-    its MoE agent vmaps per-sample keys, which would double the noisy layers' matmuls). mu ~ U(+-1/sqrt(fan_in)),
-    sigma = 0.1/sqrt(fan_in) (Dopamine). `noise = False` (evaluation, analysis) uses the means."""
+    its MoE agent vmaps per-sample keys, which would double the noisy layers' matmuls). Every layer and every network
+    draws its own noise; the reference feeds one key to a network's layers and to both the online and the target pass
+    of the double-DQN target. mu ~ U(+-1/sqrt(fan_in)), sigma = 0.1/sqrt(fan_in) (Dopamine). `noise = False`
+    (evaluation, analysis) uses the means."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
@@ -805,7 +810,7 @@ class Experts(nn.Module):
     """n independent experts f_e(x) = Dense(ReLU(Dense(x))): d -> width -> d (the second Dense is the paper's
     projection back to token size), xavier_uniform kernels, zero biases; parameters stacked on a leading expert axis.
     With `noisy` (Rainbow), the first Dense is a NoisyNet layer (its own mu / sigma initialisation, one noise draw per
-    expert and forward pass, as NoisyLinear); the projection stays plain, as in the reference.
+    expert and forward pass; the reference's experts share one draw); the projection stays plain, as in the reference.
     Input (B, n, slots, d) -> output (B, n, slots, d) and the hidden activations (B, n, slots, width)."""
 
     def __init__(self, num_experts: int, dim: int, width: int, noisy: bool = False):

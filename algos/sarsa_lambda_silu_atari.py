@@ -36,7 +36,7 @@ first of Table 2 and one of the three games of the paper's meta-parameter search
     for g in Alien Amidar Assault Asterix Asteroids Atlantis BankHeist BattleZone BeamRider Bowling Boxing Breakout; do
         python algos/sarsa_lambda_silu_atari.py --env-id ALE/$g-v5 --save-model; done
 Table 3 and Fig. 7 on a trained agent (softmax at the final tau and epsilon-greedy; Q(s_t, a_t) against R_t):
-    python algos/sarsa_lambda_silu_atari.py --env-id ALE/Asterix-v5 --load-model runs/<run>/sarsa_lambda_silu_atari.pt \
+    python algos/sarsa_lambda_silu_atari.py --env-id ALE/Asterix-v5 --resume runs/<run>/sarsa_lambda_silu_atari.pt \
         --total-episodes 0 --eval-episodes 100
 """
 
@@ -53,7 +53,7 @@ import re
 import signal
 import time
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import ale_py
 import numpy as np
@@ -109,17 +109,18 @@ class Args:
     training episodes 0, 1, 8, 27, ..., 1000, 2000, ... of env 0, and the first evaluation episode of each rule"""
     save_model: bool = False
     """save theta, the eligibility traces, the episode counter, the score history and the action-sampling generator to
-    runs/{run_name}/sarsa_lambda_silu_atari.pt (at the end and every --checkpoint-every-minutes)"""
-    load_model: str | None = None
-    """checkpoint to resume: theta, the traces, the episode counter i (so tau(i) goes on) and the learning curve. The
-    emulator state is not saved (ale_py's vector env cannot clone it), so every environment starts a new episode, whose
-    trace restarts at e_0 = 0 (eq. 5); the saved traces are therefore not needed to go on, and --num-envs may differ
-    from the checkpoint's. --total-episodes counts from the start of the original run; with --total-episodes 0 the
-    checkpoint is only evaluated"""
+    runs/{run_name}/sarsa_lambda_silu_atari.pt (at the end and every --write-every-minutes)"""
+    resume: Annotated[str | None, tyro.conf.arg(aliases=("--load-model",))] = None
+    """checkpoint to resume (alias --load-model): theta, the traces, the episode counter i (so tau(i) goes on) and
+    the learning curve. The emulator state is not saved (ale_py's vector env cannot clone it), so every environment
+    starts a new episode, whose trace restarts at e_0 = 0 (eq. 5); the saved traces are therefore not needed to go on,
+    and --num-envs may differ from the checkpoint's. --total-episodes counts from the start of the original run; with
+    --total-episodes 0 the checkpoint is only evaluated"""
     log_every_seconds: float = 10.0
     """how often the progress line is printed"""
-    checkpoint_every_minutes: float = 10.0
-    """how often summary.json, episodes.csv, the learning curve and (with --save-model) the checkpoint are rewritten"""
+    write_every_minutes: Annotated[float, tyro.conf.arg(aliases=("--checkpoint-every-minutes",))] = 10.0
+    """how often summary.json, episodes.csv, the learning curve and (with --save-model) the checkpoint are rewritten
+    (alias --checkpoint-every-minutes)"""
 
     # --- environment (§3.3, through ale_py.AtariVectorEnv) ---
     env_id: str = "ALE/Alien-v5"
@@ -167,7 +168,7 @@ class Args:
     final_window: int = 100
     """episodes behind the final mean score and the best mean score (any window of this many consecutive episodes)"""
     eval_episodes: int = 0
-    """after training (or on --load-model), play this many episodes per selection rule without learning, shared
+    """after training (or on --resume), play this many episodes per selection rule without learning, shared
     evenly by the environments"""
     eval_selections: tuple[str, ...] = ("softmax", "epsilon:0", "epsilon:0.001", "epsilon:0.01", "epsilon:0.05")
     """selection rules of Table 3: 'softmax' (at the final temperature), 'softmax:TAU' or 'epsilon:EPS'; the first
@@ -237,7 +238,7 @@ def validate(args: Args) -> str | None:
     if args.total_episodes < 0 or args.eval_episodes < 0:
         return "--total-episodes and --eval-episodes must be >= 0"
     if args.total_episodes == 0 and args.eval_episodes == 0:
-        return "nothing to do: --total-episodes 0 needs --eval-episodes > 0 (and usually --load-model)"
+        return "nothing to do: --total-episodes 0 needs --eval-episodes > 0 (and usually --resume)"
     if args.alpha <= 0 or args.tau0 <= 0 or args.tau_k < 0 or args.final_window < 1:
         return "--alpha, --tau0 and --final-window must be positive and --tau-k non-negative"
     if not (0 <= args.gamma <= 1 and 0 <= args.lam <= 1):
@@ -551,25 +552,25 @@ def save_checkpoint(path, args, arch, theta, eligibility, episodes, global_step,
 def load_checkpoint(path: str, args: Args, arch: dict) -> dict:
     """Load and check a checkpoint against the requested architecture; raises ValueError with one clear line."""
     if not os.path.isfile(path):
-        raise ValueError(f"--load-model {path!r}: no such file")
+        raise ValueError(f"--resume {path!r}: no such file")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001  (any unpickling failure means the file is not a checkpoint)
-        raise ValueError(f"--load-model {path!r} is not a readable checkpoint ({type(err).__name__})") from None
+        raise ValueError(f"--resume {path!r} is not a readable checkpoint ({type(err).__name__})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"--load-model {path!r} is not a sarsa_lambda_silu_atari checkpoint")
+        raise ValueError(f"--resume {path!r} is not a sarsa_lambda_silu_atari checkpoint")
     have = ckpt["architecture"]
     if have != arch:
         diff = ", ".join(
             f"{k}: checkpoint {have.get(k)} vs requested {arch[k]}" for k in arch if arch[k] != have.get(k)
         )
-        raise ValueError(f"--load-model {path!r} holds another architecture ({diff}); pass matching flags")
+        raise ValueError(f"--resume {path!r} holds another architecture ({diff}); pass matching flags")
     if ckpt["theta"].shape != (arch["num_parameters"],):
-        raise ValueError(f"--load-model {path!r} is damaged: theta has shape {tuple(ckpt['theta'].shape)}")
+        raise ValueError(f"--resume {path!r} is damaged: theta has shape {tuple(ckpt['theta'].shape)}")
     if args.total_episodes > 0:
         if ckpt["episodes"] >= args.total_episodes:
             raise ValueError(
-                f"--load-model {path!r} is already at episode {ckpt['episodes']:,}; raise --total-episodes above it "
+                f"--resume {path!r} is already at episode {ckpt['episodes']:,}; raise --total-episodes above it "
                 "(it counts from the start of the run) or pass --total-episodes 0 to evaluate"
             )
     return ckpt
@@ -707,9 +708,9 @@ def main(args: Args) -> dict:
     num_actions = int(envs.single_action_space.n)
     arch = architecture(args, rom, num_actions)
     ckpt = None
-    if args.load_model:
+    if args.resume:
         try:
-            ckpt = load_checkpoint(args.load_model, args, arch)
+            ckpt = load_checkpoint(args.resume, args, arch)
         except ValueError as err:
             envs.close()
             raise SystemExit(f"error: {err}") from None
@@ -752,7 +753,7 @@ def main(args: Args) -> dict:
     print(
         f"{run_name}: {args.activations} net, {P:,} parameters, {num_actions} actions, {N} env(s) "
         f"(traces {N * P * 4 / 1e6:.1f} MB), device {device}"
-        + (f"; loaded {args.load_model} at episode {episodes:,}, step {global_step:,}" if ckpt else "")
+        + (f"; loaded {args.resume} at episode {episodes:,}, step {global_step:,}" if ckpt else "")
     )
     if ckpt is not None:  # tau(i) goes on from the checkpoint's i with this run's tau0 / tau_k: say so when they differ
         trained = {k: ckpt["args"].get(k) for k in ("tau0", "tau_k")}
@@ -900,7 +901,7 @@ def main(args: Args) -> dict:
                     )
                     abs_td, q_mean, td_count = 0.0, 0.0, 0
                     t_log = now
-                    if now - t_checkpoint >= 60 * args.checkpoint_every_minutes:
+                    if now - t_checkpoint >= 60 * args.write_every_minutes:
                         write_outputs(complete=False)
                         t_checkpoint = now
         except KeyboardInterrupt:

@@ -36,7 +36,7 @@ import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
@@ -90,14 +90,16 @@ class Args:
     """the wandb entity (team)"""
     save_model: bool = False
     """save the parameters and score history of every run to runs/{run_name}/td_lambda_tetris.pt (at the end and
-    every --checkpoint-every-minutes)"""
-    load_model: str | None = None
-    """checkpoint to start from: training continues from its episode counters and score history (the interrupted
-    episodes start afresh); with --total-episodes 0 it only evaluates"""
+    every --write-every-minutes)"""
+    resume: Annotated[str | None, tyro.conf.arg(aliases=("--load-model",))] = None
+    """checkpoint to resume (alias --load-model): training continues from its episode counters and score history (the
+    interrupted episodes start afresh); --total-episodes counts from the start of the original run, as in every
+    script; with --total-episodes 0 the checkpoint is only evaluated"""
     log_every_seconds: float = 10.0
     """how often the progress line is printed and the tensorboard scalars are written"""
-    checkpoint_every_minutes: float = 10.0
-    """how often summary.json, the learning curve and (with --save-model) the checkpoint are rewritten mid-run"""
+    write_every_minutes: Annotated[float, tyro.conf.arg(aliases=("--checkpoint-every-minutes",))] = 10.0
+    """how often summary.json, the learning curve and (with --save-model) the checkpoint are rewritten mid-run (alias
+    --checkpoint-every-minutes)"""
 
     # --- environment ---
     env_id: str = "envs/SZTetris-v0"
@@ -105,7 +107,8 @@ class Args:
 
     # --- algorithm: TD(lambda), §2.1 and §3.1 ---
     total_episodes: int | None = None
-    """training episodes per run (default: 200,000 on SZ-Tetris, 400,000 on the seven-piece variants)"""
+    """training episodes per run, counted from the start of the original run when resuming (default: 200,000 on
+    SZ-Tetris, 400,000 on the seven-piece variants)"""
     num_runs: int = 1
     """independent runs advanced together as one batched computation (the paper: 10 per shallow activation, 5 per
     deep variant and 5 on 10x10)"""
@@ -137,7 +140,7 @@ class Args:
     """episodes behind the final score (default: 1,000 on SZ-Tetris as Table 1, 10,000 on the seven-piece variants
     as §3.2)"""
     eval_episodes: int = 0
-    """after training (or on --load-model), play this many episodes per run and selection rule without learning"""
+    """after training (or on --resume), play this many episodes per run and selection rule without learning"""
     eval_selections: tuple[str, ...] = ("softmax", "epsilon:0", "epsilon:0.001", "epsilon:0.01", "epsilon:0.05")
     """selection rules of Table 3: 'softmax' (at the final temperature), 'softmax:TAU' or 'epsilon:EPS'"""
     value_analysis_episodes: int = 1000
@@ -188,7 +191,7 @@ def validate(args: Args) -> str | None:
     if args.total_episodes < 0 or args.eval_episodes < 0:
         return "--total-episodes and --eval-episodes must be >= 0"
     if args.total_episodes == 0 and args.eval_episodes == 0:
-        return "nothing to do: --total-episodes 0 needs --eval-episodes > 0 (and usually --load-model)"
+        return "nothing to do: --total-episodes 0 needs --eval-episodes > 0 (and usually --resume)"
     if args.hidden < 1 or args.alpha <= 0 or args.final_window < 1:
         return "--hidden, --alpha and --final-window must be positive"
     if not (0 <= args.gamma <= 1 and 0 <= args.lam <= 1):
@@ -458,21 +461,26 @@ def save_checkpoint(path, args, params, episodes, scores, lengths):
 def load_checkpoint(path: str, args: Args) -> dict:
     """Load and check a checkpoint against the requested architecture; raises ValueError with one clear line."""
     if not os.path.isfile(path):
-        raise ValueError(f"--load-model {path!r}: no such file")
+        raise ValueError(f"--resume {path!r}: no such file")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001  (any unpickling failure means the file is not a checkpoint)
-        raise ValueError(f"--load-model {path!r} is not a readable checkpoint ({type(err).__name__})") from None
+        raise ValueError(f"--resume {path!r} is not a readable checkpoint ({type(err).__name__})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"--load-model {path!r} is not a td_lambda_tetris checkpoint")
+        raise ValueError(f"--resume {path!r} is not a td_lambda_tetris checkpoint")
     want, have = architecture(args), ckpt["architecture"]
     if want != have:
         diff = ", ".join(
             f"{k}: checkpoint {have.get(k)} vs requested {want.get(k)}" for k in want if want[k] != have.get(k)
         )
-        raise ValueError(f"--load-model {path!r} holds another architecture ({diff}); pass matching flags")
+        raise ValueError(f"--resume {path!r} holds another architecture ({diff}); pass matching flags")
     if ckpt["num_runs"] != args.num_runs:
-        raise ValueError(f"--load-model {path!r} holds {ckpt['num_runs']} runs; pass --num-runs {ckpt['num_runs']}")
+        raise ValueError(f"--resume {path!r} holds {ckpt['num_runs']} runs; pass --num-runs {ckpt['num_runs']}")
+    if 0 < args.total_episodes <= int(ckpt["episodes"].min()):
+        raise ValueError(
+            f"--resume {path!r} is already at episode {int(ckpt['episodes'].min()):,} (slowest run); raise "
+            "--total-episodes above it (it counts from the start of the original run)"
+        )
     return ckpt
 
 
@@ -584,9 +592,9 @@ def main(args: Args) -> dict:
     args = fill_defaults(args)
     error = validate(args)
     ckpt = None
-    if error is None and args.load_model:
+    if error is None and args.resume:
         try:
-            ckpt = load_checkpoint(args.load_model, args)
+            ckpt = load_checkpoint(args.resume, args)
         except ValueError as err:
             error = str(err)
     if error:
@@ -661,7 +669,7 @@ def main(args: Args) -> dict:
         for k in params:
             params[k].copy_(ckpt["params"][k].to(device))
         episodes = ckpt["episodes"].to(device)
-        print(f"loaded {args.load_model} (episodes per run: {episodes.tolist()})")
+        print(f"loaded {args.resume} (episodes per run: {episodes.tolist()})")
     eligibility = {k: torch.zeros_like(v) for k, v in params.items()}
     num_params = sum(v[0].numel() for v in params.values())
     print(
@@ -681,8 +689,8 @@ def main(args: Args) -> dict:
     # Episode i of run r is stored at scores[r, i] (i counts from the first training segment, so a resumed run
     # continues its learning curve); `episodes` is both that counter and the i of eq. 15.
     start_episode = episodes.clone()
-    target = start_episode + args.total_episodes
-    capacity = max(int(target.max()), 1)
+    target = torch.full_like(episodes, args.total_episodes)  # counted from the original start, as in every script
+    capacity = max(args.total_episodes, int(episodes.max()), 1)
     scores = torch.zeros(R, capacity, device=device)  # score (rows cleared) of each finished episode
     lengths = torch.zeros(R, capacity, dtype=torch.long, device=device)  # placements of each finished episode
     if ckpt is not None:
@@ -706,7 +714,7 @@ def main(args: Args) -> dict:
 
     def write_outputs(complete: bool):
         """summary.json, episodes.npz, the learning curve and (with --save-model) the checkpoint: at the end and
-        every --checkpoint-every-minutes, so a long run that is stopped keeps what it learned."""
+        every --write-every-minutes, so a long run that is stopped keeps what it learned."""
         elapsed = time.time() - t_start
         counts = episodes.cpu().numpy()
         sc, ln = scores.cpu().numpy(), lengths.cpu().numpy()
@@ -795,8 +803,8 @@ def main(args: Args) -> dict:
                 writer.add_scalar("charts/placements_per_second", sps, placements)
                 recent = [sc[r, max(0, done[r] - 1000) : done[r]].mean() for r in range(R) if done[r] > 0]
                 mean_recent = float(np.mean(recent)) if recent else float("nan")
-                progress = (done - start_episode.cpu().numpy()).min()
-                rate = progress / (now - t_start)
+                progress = int(done.min())
+                rate = (done - start_episode.cpu().numpy()).min() / (now - t_start)
                 eta = (args.total_episodes - progress) / rate if rate > 0 else float("inf")
                 print(
                     f"episodes {int(progress):,}/{args.total_episodes:,} (slowest run) | placements {placements:,} | "
@@ -806,7 +814,7 @@ def main(args: Args) -> dict:
                     flush=True,
                 )
                 t_log = now
-                if now - t_checkpoint >= 60 * args.checkpoint_every_minutes:
+                if now - t_checkpoint >= 60 * args.write_every_minutes:
                     write_outputs(complete=False)
                     t_checkpoint = now
     except KeyboardInterrupt:

@@ -439,7 +439,7 @@ def test_checkpoint_resume_continues_the_episode_counter_and_the_curve_and_evalu
     monkeypatch.chdir(tmp_path)
     path = str(root / first["checkpoint"])
     ckpt = torch.load(path, weights_only=True)
-    resumed = run(total_episodes=5, num_envs=2, save_model=True, load_model=path)
+    resumed = run(total_episodes=5, num_envs=2, save_model=True, resume=path)
     assert resumed["start_episode"] == 3 and resumed["episodes"] == 5 and resumed["global_step"] > first["global_step"]
     again = torch.load(resumed["checkpoint"], weights_only=True)
     assert torch.equal(again["history"]["score"][:3], ckpt["history"]["score"])  # the learning curve continues
@@ -447,13 +447,13 @@ def test_checkpoint_resume_continues_the_episode_counter_and_the_curve_and_evalu
     assert resumed["final_temperature"] == pytest.approx(sarsa.temperature(5, 0.5, 0.0005))
     # every environment starts a new episode on resume (traces restart at e_0 = 0), so another --num-envs may go on
     capsys.readouterr()
-    other_n = run(total_episodes=4, num_envs=1, load_model=path, tau_k=0.005)
+    other_n = run(total_episodes=4, num_envs=1, resume=path, tau_k=0.005)
     assert other_n["start_episode"] == 3 and other_n["episodes"] == 4
     # tau(i) goes on with this run's schedule, and a schedule other than the checkpoint's is pointed out
     assert "note: the checkpoint was trained with --tau0 0.5 --tau-k 0.0005" in capsys.readouterr().out
     assert other_n["final_temperature"] == pytest.approx(sarsa.temperature(4, 0.5, 0.005))
 
-    evaluated = run(total_episodes=0, eval_episodes=2, eval_selections=("softmax", "epsilon:0.05"), load_model=path)
+    evaluated = run(total_episodes=0, eval_episodes=2, eval_selections=("softmax", "epsilon:0.05"), resume=path)
     assert set(evaluated["eval"]) == {f"softmax:{sarsa.temperature(3, 0.5, 0.0005):g}", "epsilon:0.05"}
     result = evaluated["eval"]["epsilon:0.05"]
     assert result["episodes"] == 2 and 0 <= result["exploratory_actions_per_episode"] <= 150
@@ -497,12 +497,12 @@ def test_bad_checkpoints_fail_with_one_line_before_anything_is_written(trained, 
         (dict(padding="valid"), "padding: checkpoint same vs requested valid"),
         (dict(env_id="ALE/Pong-v5"), "game: checkpoint breakout vs requested pong"),
         (dict(total_episodes=3), "already at episode 3"),
-        (dict(load_model=str(corrupt)), "not a readable checkpoint"),
-        (dict(load_model=str(other)), "not a sarsa_lambda_silu_atari checkpoint"),
-        (dict(load_model=str(tmp_path / "missing.pt")), "no such file"),
+        (dict(resume=str(corrupt)), "not a readable checkpoint"),
+        (dict(resume=str(other)), "not a sarsa_lambda_silu_atari checkpoint"),
+        (dict(resume=str(tmp_path / "missing.pt")), "no such file"),
     ]
     for kw, message in cases:
-        kw = {"load_model": path, "num_envs": 2, "total_episodes": 10, **kw}
+        kw = {"resume": path, "num_envs": 2, "total_episodes": 10, **kw}
         with pytest.raises(SystemExit) as err:
             run(**kw)
         assert str(err.value).startswith("error: ") and message in str(err.value) and "\n" not in str(err.value)

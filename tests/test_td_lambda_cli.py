@@ -50,7 +50,7 @@ def test_checkpoint_round_trip_is_exact_and_evaluation_runs(tmp_path, monkeypatc
         assert torch.equal(again["params"][k], ckpt["params"][k])
     assert torch.equal(again["scores"], ckpt["scores"]) and ckpt["scores"].shape == (2, 20)
     evaluated = run(
-        load_model=path,
+        resume=path,
         num_runs=2,
         total_episodes=0,
         eval_episodes=3,
@@ -61,8 +61,11 @@ def test_checkpoint_round_trip_is_exact_and_evaluation_runs(tmp_path, monkeypatc
     assert evaluated["value_analysis"]["episodes"] == 4
     eval_dir = tmp_path / "runs" / evaluated["run_name"]
     assert (eval_dir / "value_analysis.csv").exists() and (eval_dir / "value_analysis.png").exists()
-    resumed = run(load_model=path, num_runs=2, total_episodes=5, save_model=True)  # continues from episode 20
+    # --total-episodes counts from the start of the original run, as in every script
+    resumed = run(resume=path, num_runs=2, total_episodes=25, save_model=True)  # continues from episode 20
     assert resumed["episodes_per_run"] == [25, 25]
+    with pytest.raises(SystemExit, match="already at episode 20 .slowest run.; raise --total-episodes"):
+        run(resume=path, num_runs=2, total_episodes=20)
     history = td.load_checkpoint(resumed["checkpoint"], args)["scores"]
     assert history.shape == (2, 25) and torch.equal(history[:, :20], ckpt["scores"])  # the curve continues
 
@@ -112,11 +115,11 @@ def test_bad_checkpoints_fail_with_one_line(tmp_path, monkeypatch):
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(b"\x80\x04 this is not a checkpoint")
     cases = [
-        ({"load_model": str(tmp_path / "missing.pt")}, "no such file"),
-        ({"load_model": str(corrupt)}, "not a readable checkpoint"),
-        ({"load_model": path, "hidden": 20}, "another architecture"),
-        ({"load_model": path, "activation": "relu"}, "another architecture"),
-        ({"load_model": path, "num_runs": 3}, "holds 1 runs"),
+        ({"resume": str(tmp_path / "missing.pt")}, "no such file"),
+        ({"resume": str(corrupt)}, "not a readable checkpoint"),
+        ({"resume": path, "hidden": 20}, "another architecture"),
+        ({"resume": path, "activation": "relu"}, "another architecture"),
+        ({"resume": path, "num_runs": 3}, "holds 1 runs"),
     ]
     for kwargs, message in cases:
         with pytest.raises(SystemExit, match=message) as err:
