@@ -2,7 +2,8 @@
 # Named suites of experiments at a chosen budget and number of seeds. Each run is one plain command line, printed
 # before it runs, so it can be copied and reused. Results land in runs/{run_name}/ (tensorboard, summary.json, CSV, PNG).
 #
-#   bash benchmark.sh SUITE [--episodes N] [--runs N] [--envs N] [--seeds "1 2 3"] [--dry-run] [-- extra flags]
+#   bash benchmark.sh SUITE [--episodes N] [--runs N] [--envs N] [--seeds "1 2 3"] [--games "A B"] [--dry-run]
+#                           [-- extra flags]
 #
 # Suites:
 #   tetris-table1   Table 1: shallow SiLU / ReLU / dSiLU / sigmoid (10 runs each) and deep SiLU-SiLU / ReLU-ReLU /
@@ -17,6 +18,13 @@
 #                   epsilon-greedy (0, 0.001, 0.01, 0.05) and writes the value analysis of Fig. 7 (Q(s_t,a_t) vs R_t).
 #   atari-reduced   the README's reduced-budget Asterix run: tau schedule compressed 10x (--tau-k 0.005), 8 envs.
 #   atari-speed     agent steps per second of the Sarsa(lambda) loop at --num-envs 1 and 8 (Asterix, 100 s each).
+#   rainbow-100k    Atari 100k (Fig. 12 / 16 at the 100k budget): DER and DrQ(eps) presets of rainbow_softmoe.py, the
+#                   baseline against Soft MoE, on the 26 games (--games "Pong Boxing" narrows it), seeds 1 2 3; the
+#                   network is the paper's Fig. 12 one (Impala, 8 experts) unless extra flags say otherwise.
+#   atari100k-cpu   the README's Atari runs on the project CPU (results/atari100k_cpu/queue.sh, resumable, one worker
+#                   per core): DrQ(eps) and DER with the shipped DER.gin network, and a reduced full-Rainbow pair.
+#   value-speed     agent steps per second of dqn_softmoe.py and rainbow_softmoe.py at the README's speed settings
+#                   (Breakout, 8,000 steps, learning from step 1,000, buffer 10,000, one update per 4 steps).
 #
 # --episodes defaults to the paper's budget; --runs overrides the number of batched runs per configuration (Tetris);
 # --envs sets --num-envs of the Atari runs (default 1, the paper's agent); each seed in --seeds is one more command
@@ -28,13 +36,14 @@ PY=${PYTHON:-.venv/bin/python}
 
 suite=${1:-}
 shift || true
-episodes="" runs="" envs="1" seeds="" dry=0 extra=()
+episodes="" runs="" envs="1" seeds="" games="" dry=0 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --episodes) episodes=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
     --envs) envs=$2; shift 2 ;;
     --seeds) seeds=$2; shift 2 ;;
+    --games) games=$2; shift 2 ;;
     --dry-run) dry=1; shift ;;
     --) shift; extra=("$@"); break ;;
     *) echo "benchmark.sh: unknown option $1 (see the header of benchmark.sh)" >&2; exit 2 ;;
@@ -64,6 +73,9 @@ sarsa() {  # sarsa DEFAULT_SEEDS flags...: one command per seed
 }
 
 TABLE2_GAMES="Alien Amidar Assault Asterix Asteroids Atlantis BankHeist BattleZone BeamRider Bowling Boxing Breakout"
+ATARI100K_GAMES="Alien Amidar Assault Asterix BankHeist BattleZone Boxing Breakout ChopperCommand CrazyClimber DemonAttack
+  Freeway Frostbite Gopher Hero Jamesbond Kangaroo Krull KungFuMaster MsPacman Pong PrivateEye Qbert RoadRunner Seaquest
+  UpNDown"
 
 case "$suite" in
   tetris-table1)
@@ -104,8 +116,35 @@ case "$suite" in
         --exp-name "speed_envs$n" --log-every-seconds 30 "${extra[@]}" || [ $? = 124 ]
     done
     ;;
+  rainbow-100k)
+    for preset in der drq-eps; do
+      for game in ${games:-$ATARI100K_GAMES}; do
+        for moe in none softmoe; do
+          for seed in ${seeds:-1 2 3}; do
+            run "$PY" algos/rainbow_softmoe.py --preset "$preset" --env-id "ALE/$game-v5" --moe "$moe" --seed "$seed" \
+              --save-model "${extra[@]}"
+          done
+        done
+      done
+    done
+    ;;
+  atari100k-cpu)
+    if [ "$dry" = 1 ]; then bash results/atari100k_cpu/queue.sh --list; exit 0; fi
+    run bash results/atari100k_cpu/queue.sh 0 2 &
+    run bash results/atari100k_cpu/queue.sh 1 2
+    wait
+    ;;
+  value-speed)
+    speed=(--env-id ALE/Breakout-v5 --total-timesteps 8000 --learning-starts 1000 --buffer-size 10000 --analysis-every 0)
+    for network in "--moe none" "--moe softmoe"; do
+      # shellcheck disable=SC2086  # $network is two flags
+      run "$PY" algos/dqn_softmoe.py "${speed[@]}" --encoder nature $network --exp-name speed "${extra[@]}"
+      # shellcheck disable=SC2086
+      run "$PY" algos/rainbow_softmoe.py "${speed[@]}" --encoder nature $network --exp-name speed "${extra[@]}"
+    done
+    ;;
   *)
-    sed -n '2,23p' "$0"
+    sed -n '2,31p' "$0"
     [ -z "$suite" ] && exit 0
     echo "benchmark.sh: unknown suite '$suite'" >&2
     exit 2

@@ -932,6 +932,8 @@ class Run:
     t_log: float = field(default_factory=time.time)
     t_write: float = field(default_factory=time.time)
     last_step: int = 0
+    log_step: int = 0  # global_step at the last progress line
+    recent_sps: float = 0.0  # moving average of the steps/s between progress lines, for the ETA
     video: EpisodeVideo | None = None
 
 
@@ -975,7 +977,18 @@ def start_run(args: Args, rom: str, net, replay, global_step: int, episodes: lis
         "analysis": {},
     }
     video = EpisodeVideo(os.path.join(run_dir, "videos")) if args.capture_video else None
-    return Run(args, rom, run_dir, writer, summary, episodes, global_step, last_step=global_step, video=video)
+    return Run(
+        args,
+        rom,
+        run_dir,
+        writer,
+        summary,
+        episodes,
+        global_step,
+        last_step=global_step,
+        log_step=global_step,
+        video=video,
+    )
 
 
 def log_step(run: Run, global_step, finished, next_obs, epsilon, updates, metrics, checkpoint, replay, rng):
@@ -995,8 +1008,11 @@ def log_step(run: Run, global_step, finished, next_obs, epsilon, updates, metric
     now = time.time()
     if now - run.t_log >= args.log_every_seconds:
         sps = (global_step - run.start_step) / (now - run.t_start)
+        # the ETA follows the recent rate, not the run's average: steps slow down once learning starts
+        recent = (global_step - run.log_step) / (now - run.t_log)
+        run.recent_sps = recent if run.recent_sps == 0 else 0.7 * run.recent_sps + 0.3 * recent
         last = [r for _, r, _ in run.episodes[-100:]]
-        eta = (args.total_timesteps - global_step) / sps if sps > 0 else float("inf")
+        eta = (args.total_timesteps - global_step) / run.recent_sps if run.recent_sps > 0 else float("inf")
         for k in ("td_loss", "aux_loss", "q_values"):
             if k in metrics:
                 writer.add_scalar(f"losses/{k}", float(metrics[k]), global_step)
@@ -1007,10 +1023,10 @@ def log_step(run: Run, global_step, finished, next_obs, epsilon, updates, metric
             f"episodes {len(run.episodes):,} | mean return (last 100) {f'{np.mean(last):.1f}' if last else '-'} | "
             f"epsilon {epsilon:.3f}"
             + (f" | td loss {float(metrics['td_loss']):.4f}" if metrics else "")
-            + f" | ETA {fmt_time(eta) if math.isfinite(eta) else '?'}",
+            + f" | ETA {fmt_time(eta) if math.isfinite(eta) else '?'} at the recent rate",
             flush=True,
         )
-        run.t_log = now
+        run.t_log, run.log_step = now, global_step
     if now - run.t_write >= 60 * args.write_every_minutes:
         write_outputs(run, global_step, updates, checkpoint, replay, rng, complete=False)
         run.t_write = now

@@ -124,9 +124,14 @@ def test_noisy_layer_noise_statistics_and_switching_it_off():
     draws = draws.detach()
     assert abs(float(draws.mean())) < 0.05 * math.sqrt(expected_var)
     assert float(draws.var()) == pytest.approx(expected_var, rel=0.05)
-    # within one forward pass the noise is one draw, shared by the batch
-    y = layer(torch.cat([x, x]))
-    torch.testing.assert_close(y[0], y[1])
+    # within one forward pass the noise is one draw, shared by the batch, and it is the factorised matrix
+    torch.manual_seed(11)
+    y = layer(torch.randn(20, 400))
+    torch.manual_seed(11)
+    x20 = torch.randn(20, 400)
+    e_in, e_out = rb.factorised_noise(400, "cpu"), rb.factorised_noise(300, "cpu")
+    weight = layer.weight_mu + layer.weight_sigma * torch.outer(e_out, e_in)
+    torch.testing.assert_close(y, x20 @ weight.T + layer.bias_mu + layer.bias_sigma * e_out, rtol=1e-5, atol=1e-5)
     rb.set_noise(layer, False)
     torch.testing.assert_close(layer(x)[0], (layer.weight_mu[:, 0] + layer.bias_mu).detach())
 
