@@ -239,6 +239,9 @@ def validate(args: Args) -> str | None:
         return "--total-episodes and --eval-episodes must be >= 0"
     if args.total_episodes == 0 and args.eval_episodes == 0:
         return "nothing to do: --total-episodes 0 needs --eval-episodes > 0 (and usually --resume)"
+    for name in ("alpha", "gamma", "lam", "tau0", "tau_k"):
+        if not math.isfinite(getattr(args, name)):
+            return f"--{name.replace('_', '-')} must be a finite number, got {getattr(args, name)}"
     if args.alpha <= 0 or args.tau0 <= 0 or args.tau_k < 0 or args.final_window < 1:
         return "--alpha, --tau0 and --final-window must be positive and --tau-k non-negative"
     if not (0 <= args.gamma <= 1 and 0 <= args.lam <= 1):
@@ -490,12 +493,15 @@ def sarsa_lambda_update(
 # Analysis: scores (Table 2) and value estimation (§4.1, Fig. 7)
 # ----------------------------------------------------------------------------------------------------------------------
 def best_window_mean(scores: np.ndarray, window: int) -> float:
-    """Best mean score over any `window` consecutive episodes (all of them when there are fewer)."""
+    """Best mean score over the non-overlapping blocks of `window` episodes (1-window, window+1-2 window, ...):
+    Table 2's "highest mean scores (over every 100 episodes)". An unfinished last block does not count; with fewer
+    than `window` episodes, the mean of all of them."""
     if len(scores) == 0:
         return float("nan")
-    window = min(window, len(scores))
-    sums = np.convolve(scores, np.ones(window), mode="valid")
-    return float(sums.max() / window)
+    n_blocks = len(scores) // window
+    if n_blocks == 0:
+        return float(np.mean(scores))
+    return float(np.asarray(scores[: n_blocks * window], dtype=np.float64).reshape(n_blocks, window).mean(1).max())
 
 
 def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
@@ -671,6 +677,16 @@ def write_video(path: str, frames: list[np.ndarray], fps: int = 15):
 # ----------------------------------------------------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------------------------------------------------
+def eta_seconds(remaining_episodes: int, lengths, steps_per_second: float, recent: int = 100) -> float:
+    """Time left at the current step rate if every remaining episode is as long as the mean of the last `recent`
+    episodes. Episodes lengthen as the agent learns, so this is a lower bound while the curve still rises."""
+    if remaining_episodes <= 0:
+        return 0.0
+    if not len(lengths) or steps_per_second <= 0:
+        return float("inf")
+    return remaining_episodes * float(np.mean(lengths[-recent:])) / steps_per_second
+
+
 def fmt_time(seconds: float) -> str:
     seconds = int(max(seconds, 0))
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
@@ -804,7 +820,7 @@ def main(args: Args) -> dict:
             w.writerows(zip(range(1, len(scores) + 1), history["global_step"], scores, history["length"], strict=True))
         block = 100 if len(scores) >= 1000 else max(len(scores) // 10, 1)
         write_learning_curve(run_dir, scores, block, f"{game} Sarsa(lambda) {args.activations}, {episodes:,} ep.", game)
-        if args.save_model:
+        if args.save_model and "diverged" not in summary:  # a diverged run keeps its last good checkpoint
             path = os.path.join(run_dir, "sarsa_lambda_silu_atari.pt")
             save_checkpoint(path, args, arch, theta, eligibility, episodes, global_step, history, rng)
             summary["checkpoint"] = path
@@ -857,6 +873,12 @@ def main(args: Args) -> dict:
                 steps = int(learn_np.sum())
                 global_step += steps
                 abs_td += float(delta.abs().sum())
+                if not math.isfinite(abs_td):  # theta (or a TD error) is no longer finite: nothing more to learn
+                    summary["diverged"] = (
+                        f"the TD error became non-finite at step {global_step:,} (episode {episodes:,}); theta "
+                        f"{'is' if bool(torch.isfinite(theta).all()) else 'is not'} finite"
+                    )
+                    break
                 q_mean += float((q_taken * learn).sum())
                 td_count += steps
                 if frames is not None:
@@ -885,8 +907,7 @@ def main(args: Args) -> dict:
                     sps = (global_step - start_step) / (now - t_start)
                     recent = history["score"][-args.final_window :]
                     mean_recent = f"{np.mean(recent):.1f}" if recent else "-"
-                    rate = (episodes - start_episode) / (now - t_start)
-                    eta = (args.total_episodes - episodes) / rate if rate > 0 else float("inf")
+                    eta = eta_seconds(args.total_episodes - episodes, history["length"], sps)
                     writer.add_scalar("charts/SPS", sps, global_step)
                     writer.add_scalar("charts/temperature", tau, global_step)
                     if td_count:
@@ -895,8 +916,8 @@ def main(args: Args) -> dict:
                     print(
                         f"episodes {episodes:,}/{args.total_episodes:,} | steps {global_step:,} | {sps:,.0f} steps/s | "
                         f"mean score (last {args.final_window}) {mean_recent} | tau {tau:.4f} | "
-                        f"|delta| {abs_td / max(td_count, 1):.4f} | ETA {fmt_time(eta) if math.isfinite(eta) else '?'}"
-                        " (at the current episode rate)",
+                        f"|delta| {abs_td / max(td_count, 1):.4f} | ETA >= {fmt_time(eta) if math.isfinite(eta) else '?'}"
+                        " (a lower bound while episodes lengthen)",
                         flush=True,
                     )
                     abs_td, q_mean, td_count = 0.0, 0.0, 0
@@ -912,7 +933,11 @@ def main(args: Args) -> dict:
                 signal.signal(sig, handler)
     envs.close()
 
-    write_outputs(complete=not interrupted)
+    write_outputs(complete=not interrupted and "diverged" not in summary)
+    if "diverged" in summary:
+        writer.close()
+        kept = f"; the last good checkpoint is {summary['checkpoint']}" if "checkpoint" in summary else ""
+        raise SystemExit(f"error: {summary['diverged']}: stopped (summary.json written{kept})")
     if args.total_episodes > 0:
         final, best = summary["final_mean_score"], summary["best_mean_score"]
         print(

@@ -380,8 +380,15 @@ def test_dqn_normalised_scores_reproduce_table_2_summary_rows():
 
 
 def test_best_window_mean_discounted_returns_and_value_errors():
+    # Non-overlapping blocks (Table 2: "over every 100 episodes"): [1, 5] [2, 8], the unfinished [0] does not count.
     assert sarsa.best_window_mean(np.array([1.0, 5.0, 2.0, 8.0, 0.0]), 2) == 5.0
+    # A sliding window would find [10, 10] = 10 here; the blocks are [0, 10] and [10, 0].
+    assert sarsa.best_window_mean(np.array([0.0, 10.0, 10.0, 0.0]), 2) == 5.0
     assert sarsa.best_window_mean(np.array([3.0, 1.0]), 100) == 2.0
+    scores = np.random.default_rng(0).exponential(100.0, 1050)
+    blocks = [scores[i : i + 100].mean() for i in range(0, 1000, 100)]  # independent: one slice per block
+    assert sarsa.best_window_mean(scores, 100) == pytest.approx(max(blocks))
+    assert sarsa.best_window_mean(scores, 100) <= max(scores[i : i + 100].mean() for i in range(951))
     np.testing.assert_allclose(sarsa.discounted_returns(np.array([1.0, 0.0, 1.0]), 0.5), [1.25, 0.5, 1.0])
     diff, abs_diff = sarsa.value_estimation_errors(np.array([1.25, 1.5, 0.0]), np.array([1.0, 0.0, 1.0]), 0.5)
     assert diff == pytest.approx(0.0) and abs_diff == pytest.approx(2 / 3)
@@ -474,6 +481,8 @@ def test_checkpoint_resume_continues_the_episode_counter_and_the_curve_and_evalu
         (dict(eval_selections=("greedy",)), "bad --eval-selections"),
         (dict(total_episodes=0), "nothing to do"),
         (dict(lam=1.5), "--gamma and --lam"),
+        (dict(alpha=float("nan")), "--alpha must be a finite number, got nan"),
+        (dict(tau_k=float("inf")), "--tau-k must be a finite number, got inf"),
     ],
 )
 def test_bad_input_fails_with_one_line_before_anything_is_written(tmp_path, monkeypatch, kw, message):
@@ -507,6 +516,12 @@ def test_bad_checkpoints_fail_with_one_line_before_anything_is_written(trained, 
             run(**kw)
         assert str(err.value).startswith("error: ") and message in str(err.value) and "\n" not in str(err.value)
     assert not (tmp_path / "runs").exists()
+
+
+def test_eta_is_remaining_episodes_times_recent_length_over_the_step_rate():
+    lengths = [100] * 50 + [300] * 100  # the last 100 episodes average 300 steps
+    assert sarsa.eta_seconds(20, lengths, 600.0) == pytest.approx(20 * 300 / 600)
+    assert sarsa.eta_seconds(0, lengths, 600.0) == 0.0 and sarsa.eta_seconds(5, [], 600.0) == float("inf")
 
 
 def test_command_line_error_is_one_line(tmp_path):
