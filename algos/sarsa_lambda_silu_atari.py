@@ -916,8 +916,8 @@ def main(args: Args) -> dict:
                     print(
                         f"episodes {episodes:,}/{args.total_episodes:,} | steps {global_step:,} | {sps:,.0f} steps/s | "
                         f"mean score (last {args.final_window}) {mean_recent} | tau {tau:.4f} | "
-                        f"|delta| {abs_td / max(td_count, 1):.4f} | ETA >= {fmt_time(eta) if math.isfinite(eta) else '?'}"
-                        " (a lower bound while episodes lengthen)",
+                        f"|delta| {abs_td / max(td_count, 1):.4f} | "
+                        f"ETA >= {fmt_time(eta) if math.isfinite(eta) else '?'} (lower bound: episodes lengthen)",
                         flush=True,
                     )
                     abs_td, q_mean, td_count = 0.0, 0.0, 0
