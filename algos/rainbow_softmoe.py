@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import gzip
 import json
 import math
 import os
@@ -107,6 +108,11 @@ class Args:
     new episode"""
     log_every_seconds: float = 10.0
     """how often the progress line is printed"""
+    save_replay: str | None = None
+    """write every transition into this folder in the DQN Replay Dataset's format (gzipped .npy checkpoint files, as
+    batch_rl logged them), with the run's episode returns, for `cql_softmoe.py --dataset-dir`"""
+    save_replay_rows: int = 1_000_000
+    """rows per checkpoint file of --save-replay (the dataset's 1M; smaller files for small runs)"""
     write_every_minutes: Annotated[float, tyro.conf.arg(aliases=("--checkpoint-every-minutes",))] = 30.0
     """how often summary.json, episodes.csv, the learning curve and (with --save-model) the checkpoint are rewritten
     mid-run (alias --checkpoint-every-minutes)"""
@@ -346,6 +352,10 @@ def validate_common(args) -> str | None:
         return "--iteration-steps must be positive"
     if not 0 <= args.gamma <= 1:
         return "--gamma must lie in [0, 1]"
+    if args.save_replay_rows < 2 * STACK + args.n_step:
+        return f"--save-replay-rows must be at least {2 * STACK + args.n_step}"
+    if args.save_replay and not args.resume and os.path.exists(os.path.join(args.save_replay, "add_count_ckpt.0.gz")):
+        return f"--save-replay {args.save_replay!r} already holds a dataset; give a new folder (or --resume its run)"
     if args.checkpoint_replay and not args.save_model:
         return "--checkpoint-replay saves the replay memory with the checkpoint; add --save-model"
     rows = -(-args.buffer_size // args.num_envs)
@@ -1205,6 +1215,9 @@ def main(args: Args) -> dict:
     # min_replay_history counts from this segment's start unless the replay memory was restored
     learn_from = global_step + (0 if saved_replay else args.learning_starts)
     updates_before, last_sync, metrics = updates, global_step, {}
+    logger = (
+        ReplayLogger(args.save_replay, args.num_envs, args.save_replay_rows, args.n_step) if args.save_replay else None
+    )
     obs, info = envs.reset(seed=args.seed)
     tracker = EpisodeTracker(args.num_envs, args.protocol != "dopamine", args.truncation_is_terminal, info)
     with stop_signals() as stopped:
@@ -1235,14 +1248,18 @@ def main(args: Args) -> dict:
 
             next_obs, rewards, terminated, truncated, info = envs.recv()
             step = tracker.step(rewards, terminated, truncated, info)
-            # Dopamine's runner clips the reward before the agent stores it; the logged returns stay game scores
-            replay.add(obs[:, -1], actions, np.clip(rewards, -1, 1), step.terminal, step.valid, step.history)
+            clipped = np.clip(rewards, -1, 1)  # Dopamine's runner clips before the agent stores; returns stay scores
+            replay.add(obs[:, -1], actions, clipped, step.terminal, step.valid, step.history)
+            if logger:  # --save-replay: the same transitions in the DQN Replay Dataset's format
+                logger.add(obs[:, -1], actions, clipped, step)
             global_step += int(step.acted.sum())
             obs = tracker.agent_view(next_obs)
             if args.eval_every and period_crossed(run.last_step, global_step, args.eval_every):
                 log_evaluation(run, q_net, args, global_step, device)
             log_step(run, global_step, step.finished, next_obs, epsilon, updates, metrics, checkpoint, replay, rng)
     envs.close()
+    if logger:
+        logger.close(run.episodes)
     if args.eval_episodes and not stopped():
         log_evaluation(run, q_net, args, global_step, device)  # Atari 100k: the score is this evaluation's
     return finish_run(run, global_step, updates, checkpoint, replay, rng, complete=not stopped())
@@ -1601,6 +1618,100 @@ def log_evaluation(run: Run, q_net, args: Args, global_step: int, device):
         f"{result['seconds']:.0f} s",
         flush=True,
     )
+
+
+# ======================================================================================================================
+# Offline datasets (--save-replay): every transition in the DQN Replay Dataset's on-disk format
+# ======================================================================================================================
+class ReplayLogger:
+    """Writes the run's transitions as batch_rl's logged replay buffer wrote the DQN Replay Dataset (Dopamine's
+    OutOfGraphReplayBuffer format, softmoe_dopamine.md §6), so that `cql_softmoe.py --dataset-dir DIR` trains on them.
+
+    Checkpoint file N holds `rows_per_file` rows: `$store$_observation_ckpt.N.gz` (uint8, rows x 84 x 84, single
+    frames), `$store$_action_ckpt.N.gz` (int32), `$store$_reward_ckpt.N.gz` (float32, clipped),
+    `$store$_terminal_ckpt.N.gz` (uint8), each a gzipped .npy, plus `add_count_ckpt.N.gz` and
+    `invalid_range_ckpt.N.gz`. Row t is (o_t, a_t, r_{t+1}, terminal); every episode starts with three all-zero padding
+    rows; the last row of every episode is terminal, the time-limit cut included (the dataset's quirk: its generating
+    agent stored every episode end as terminal); with a life-loss protocol a lost life ends the agent's episode. Each
+    environment's episode is written whole when it ends, so the environments' episodes follow one another. A full
+    file's add_count counts every row added so far; the last, partial file of a run (written when the run stops) sets
+    add_count to its rows, as Dopamine's final buffer does, and a resumed run goes on with the next file. The
+    observations stream into the gzip as episodes end; the episodes still running when the run stops are written as
+    cut (terminal), so that no episode is ever followed by another's padding as if it went on."""
+
+    def __init__(self, directory: str, num_envs: int, rows_per_file: int, n_step: int):
+        os.makedirs(directory, exist_ok=True)
+        found = [int(m.group(1)) for f in os.listdir(directory) if (m := re.fullmatch(r"add_count_ckpt\.(\d+)\.gz", f))]
+        self.directory, self.rows_per_file, self.n_step = directory, rows_per_file, n_step
+        self.index = max(found) + 1 if found else 0  # a resumed run continues after the files already there
+        self.episodes = [[] for _ in range(num_envs)]  # the current episode's rows of every environment
+        self.add_count = self.index * rows_per_file
+        self.stream = None
+
+    def add(self, frames: np.ndarray, actions: np.ndarray, clipped_rewards: np.ndarray, step: Step):
+        """The step that started from frames (N, 84, 84); an episode's rows are written when it ends."""
+        ends = step.terminal | (step.acted & ~step.valid)  # terminal, or cut by the time limit
+        for k in np.flatnonzero(step.acted):
+            self.episodes[k].append((frames[k].copy(), int(actions[k]), float(clipped_rewards[k]), bool(ends[k])))
+            if ends[k]:
+                self.write_episode(self.episodes[k])
+                self.episodes[k] = []
+
+    def write_episode(self, rows: list):
+        pad = (np.zeros(FRAME_SHAPE, dtype=np.uint8), 0, 0.0, False)
+        for row in [pad] * (STACK - 1) + rows:
+            if self.stream is None:
+                self.open_file()
+            frame, action, reward, terminal = row
+            self.stream.write(frame.tobytes())
+            t = self.cursor
+            self.actions[t], self.rewards[t], self.terminals[t] = action, reward, terminal
+            self.cursor += 1
+            self.add_count += 1
+            if self.cursor == self.rows_per_file:
+                self.close_file(self.add_count)
+
+    def open_file(self):
+        path = os.path.join(self.directory, f"$store$_observation_ckpt.{self.index}.gz")
+        self.stream = gzip.open(path, "wb", compresslevel=1)
+        np.lib.format.write_array_header_1_0(
+            self.stream, {"descr": "|u1", "fortran_order": False, "shape": (self.rows_per_file,) + FRAME_SHAPE}
+        )
+        self.actions = np.zeros(self.rows_per_file, dtype=np.int32)
+        self.rewards = np.zeros(self.rows_per_file, dtype=np.float32)
+        self.terminals = np.zeros(self.rows_per_file, dtype=np.uint8)
+        self.cursor = 0
+
+    def close_file(self, add_count: int):
+        """Pad the observations to the file's rows, then write the other arrays, the add count and the rows that must
+        not be sampled around the write cursor (Dopamine's invalid_range: cursor - n .. cursor + 3)."""
+        self.stream.write(bytes((self.rows_per_file - self.cursor) * FRAME_SHAPE[0] * FRAME_SHAPE[1]))
+        self.stream.close()
+        cursor = add_count % self.rows_per_file
+        invalid = (cursor - self.n_step + np.arange(STACK + self.n_step)) % self.rows_per_file
+        arrays = {"$store$_action": self.actions, "$store$_reward": self.rewards, "$store$_terminal": self.terminals,
+                  "add_count": np.array(add_count), "invalid_range": invalid}  # fmt: skip
+        for name, array in arrays.items():
+            with gzip.open(os.path.join(self.directory, f"{name}_ckpt.{self.index}.gz"), "wb", compresslevel=1) as f:
+                np.save(f, array, allow_pickle=False)
+        self.stream, self.index = None, self.index + 1
+
+    def close(self, episodes: list):
+        """Write the episodes still running, cut here and so ending terminal like every other episode end of the
+        dataset (unmarked, the next episode's padding would follow them as their successor), then the last, partial
+        file; and the run's episode returns beside the data (behaviour_episodes.csv), for the behaviour policy's
+        score."""
+        for k, rows in enumerate(self.episodes):
+            if rows:
+                rows[-1] = rows[-1][:3] + (True,)
+                self.write_episode(rows)
+                self.episodes[k] = []
+        if self.stream is not None:
+            self.close_file(self.cursor)  # the final buffer: add_count = its rows, so only rows below it are sampled
+        with open(os.path.join(self.directory, "behaviour_episodes.csv"), "w", newline="") as f:
+            w = csv.writer(f)  # the whole run's episodes (a resumed run carries its history)
+            w.writerow(["global_step", "return", "length"])
+            w.writerows(episodes)
 
 
 # ======================================================================================================================

@@ -1,0 +1,1527 @@
+"""Offline CQL and CQL+C51 whose penultimate layer is a Soft MoE, a Top1-MoE or a (widened) dense layer, trained on
+the DQN Replay Dataset (or on a dataset in its format written by dqn_softmoe.py --save-replay) and evaluated online in
+the real ALE game.
+
+Obando-Ceron, Sokar, Willi et al. (ICML 2024), "Mixtures of Experts Unlock Parameter Scaling for Deep RL", §5.1 (offline
+RL: Fig. 11 and 17, Table 3), as Dopamine's offline agents build it (labs/offline_rl; shared/reference/
+softmoe_dopamine.md §5.7, §6). The Soft MoE / Top1-MoE equations are those of dqn_softmoe.py; this file started as a
+copy of rainbow_softmoe.py (the same names and order) without the noise, the priorities and the environment loop:
+
+    CQL (Kumar et al. 2020) for discrete actions, with the data action a_D of each sampled transition:
+        L = TD + alpha mean_batch [ logsumexp_a Q(s, a) - Q(s, a_D) ],  alpha = --cql-coef = 0.1
+    --agent cql:     a scalar Q; TD = Huber(y - Q(s, a_D)), y = R + gamma^n (1 - terminal) max_a Q_target(s', a); n 1;
+                     Adam 5e-5 / eps 3.125e-4; no dueling, no double DQN (the paper's Table 3)
+    --agent cql-c51: TD = the C51 cross-entropy against the projected double-DQN target (rainbow_softmoe.py); dueling;
+                     n 3; Adam 6.25e-5 / eps 1.5e-4; the CQL term uses the expected Q = sum_i z_i p_i, not each atom
+    both: batch 32, gamma 0.99, one gradient step per sampled batch, clipped rewards (the dataset stores them clipped)
+
+Schedule: --num-iterations (200 in the paper) of --steps-per-iteration gradient steps (62,500); after each iteration
+the greedy policy (epsilon 0.001) is evaluated online under Dopamine's protocol (sticky actions, 108k-frame cap) for
+--eval-steps agent steps (Dopamine's evaluation_steps, 125,000) or --eval-episodes games.
+
+Data (--dataset-dir): a run directory of the DQN Replay Dataset (its replay_logs/ or the folder with the files):
+per checkpoint N, `$store$_{observation,action,reward,terminal}_ckpt.N.gz` (gzipped .npy, single 84x84 frames,
+clipped rewards), `add_count_ckpt.N.gz` and `invalid_range_ckpt.N.gz`. --data-percent P follows Dopamine's
+fixed-replay path (labs/offline_rl/fixed_replay.py): every checkpoint file is truncated to its first P% of rows (plus
+the stack), and a transition is sampled as Dopamine's OutOfGraphReplayBuffer allows (rows 3.., not in invalid_range,
+no terminal among the three frames before the last of its stack, its n-step window inside the rows read). Dopamine
+loads 5 random checkpoint files per iteration; this script keeps every chosen file in memory at once, so every
+iteration samples from the whole subset. The observations are streamed from the gzip only up to the rows needed.
+
+The paper's offline setting (Impala, Soft MoE with 8 experts, 5% of a DQN Replay Dataset run):
+    python algos/cql_softmoe.py --agent cql --env-id ALE/Pong-v5 --dataset-dir dqn_replay/Pong/1/replay_logs
+    python algos/cql_softmoe.py --agent cql-c51 --env-id ALE/Pong-v5 --dataset-dir dqn_replay/Pong/1/replay_logs
+a dataset of your own, with no download:
+    python algos/dqn_softmoe.py --env-id ALE/Pong-v5 --save-replay data/pong --total-timesteps 500000
+    python algos/cql_softmoe.py --env-id ALE/Pong-v5 --dataset-dir data/pong --data-percent 100
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import gzip
+import json
+import math
+import os
+import random
+import re
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Annotated, Literal, NamedTuple
+
+import ale_py
+import numpy as np
+import torch
+import torch.nn.functional as F
+import tyro
+from torch import nn
+from torch.utils.tensorboard import SummaryWriter
+
+SCRIPT = Path(__file__).stem  # names the experiment, the checkpoint file and its format
+FRAME_SHAPE = (84, 84)
+STACK = 4
+
+
+@dataclass
+class Args:
+    # --- experiment ---
+    agent: Literal["cql", "cql-c51"] = "cql"
+    """cql: a scalar Q with the Huber TD loss, n 1, Adam 5e-5 / eps 3.125e-4, no dueling, no double DQN. cql-c51: C51
+    with the double-DQN target, dueling, n 3, Adam 6.25e-5 / eps 1.5e-4 (the paper's Table 3). Flags given after it
+    override the agent's values; `--agent NAME --help` shows them as the defaults"""
+    exp_name: str = SCRIPT
+    """name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the network initialisation, the sampling and the evaluation games"""
+    device: str = "auto"
+    """'auto' (CUDA if available, else CPU), 'cpu', 'cuda' or 'cuda:N'"""
+    torch_deterministic: bool = True
+    """torch.backends.cudnn.deterministic"""
+    track: bool = False
+    """log to Weights & Biases (needs `pip install wandb`)"""
+    wandb_project_name: str = "softmoe-deep-rl"
+    """the wandb project"""
+    wandb_entity: str | None = None
+    """the wandb entity (team)"""
+    capture_video: bool = False
+    """write what the agent sees in the first evaluation game of every iteration (84x84 frames) as mp4 under
+    runs/{run_name}/videos/"""
+    save_model: bool = False
+    """save the networks, the optimiser, the gradient-step counter, the evaluations and the random generators to
+    runs/{run_name}/{script}.pt, at the end of every iteration and every --write-every-minutes"""
+    resume: Annotated[str | None, tyro.conf.arg(aliases=("--load-model",))] = None
+    """checkpoint to resume (alias --load-model); --num-iterations counts from the start of the original run; the
+    dataset is read again"""
+    log_every_seconds: float = 10.0
+    """how often the progress line is printed"""
+    write_every_minutes: Annotated[float, tyro.conf.arg(aliases=("--checkpoint-every-minutes",))] = 30.0
+    """how often summary.json, the evaluation curve and (with --save-model) the checkpoint are rewritten within an
+    iteration (alias --checkpoint-every-minutes); they are always rewritten after each evaluation"""
+
+    # --- data ---
+    dataset_dir: str = ""
+    """a run of the DQN Replay Dataset (e.g. dqn_replay/Pong/1/replay_logs) or a folder written by
+    dqn_softmoe.py --save-replay"""
+    data_percent: float = 5.0
+    """the first P% of the rows of every checkpoint file (Dopamine's fixed-replay subset; the paper uses 5, 10, 50;
+    100 takes everything)"""
+    checkpoints: str = "all"
+    """which checkpoint files to read: 'all', a list '0,1,7' or a range '40-49' (later files hold later, better
+    policies' data)"""
+
+    # --- environment of the online evaluation (ale_py.AtariVectorEnv) ---
+    env_id: str = "ALE/Pong-v5"
+    """Gymnasium ALE id of the dataset's game, ALE/<Game>-v5"""
+    protocol: Literal["dopamine", "nature", "atari100k"] = "dopamine"
+    """the evaluation's protocol (as dqn_softmoe.py): dopamine = sticky actions 0.25, no no-op starts, game over only"""
+    max_episode_frames: int = 108_000
+    """episode cap in emulator frames (Dopamine's max_steps_per_episode 27,000 agent steps)"""
+    truncation_is_terminal: bool = False
+    """(for the shared episode tracker; the evaluation only counts returns)"""
+
+    # --- algorithm ---
+    num_iterations: int = 200
+    """iterations of --steps-per-iteration gradient steps, each followed by an evaluation"""
+    steps_per_iteration: int = 62_500
+    """gradient steps per iteration (Dopamine's training_steps of the offline runner)"""
+    cql_coef: float = 0.1
+    """alpha, the weight of the CQL term (bc_coefficient in the reference's gin files)"""
+    learning_rate: float = 5e-5
+    """Adam learning rate"""
+    adam_eps: float = 3.125e-4
+    """Adam epsilon"""
+    gamma: float = 0.99
+    """discount factor gamma"""
+    n_step: int = 1
+    """n of the n-step return (update_horizon)"""
+    batch_size: int = 32
+    """transitions per gradient step"""
+    target_network_frequency: int = 2000
+    """gradient steps between hard copies into the target network. The reference's gin files differ: jax_rainbow.gin
+    (the public offline Rainbow / CQL+C51 config) uses 100, jax_classy_cql.gin 2,000. We follow jax_classy_cql.gin for
+    both agents: it is the CQL config, and 2,000 gradient steps is DQN's 8,000 agent steps at one update per 4, the
+    period the CQL papers' Dopamine agents inherited"""
+    num_atoms: int = 1
+    """atoms of the C51 distribution; 1 = a scalar Q with the Huber loss"""
+    v_min: float = -10.0
+    """lowest atom of the support (-vmax)"""
+    v_max: float = 10.0
+    """highest atom of the support (vmax)"""
+    dueling: bool = False
+    """dueling heads: logits = V + A - mean_a A"""
+    double: bool = False
+    """double DQN: the online network picks a* at s_{t+n}, the target network evaluates it"""
+
+    # --- network ---
+    encoder: Literal["impala", "nature"] = "impala"
+    """impala: 3 ResNet stacks 16/32/32 (the paper's Fig. 11 and 17); nature: 3 convs 32/64/64; TF 'SAME' padding"""
+    moe: Literal["softmoe", "top1", "none"] = "softmoe"
+    """what replaces the penultimate dense layer: Soft MoE, Top1-MoE, or none (the dense 512-unit baseline)"""
+    num_experts: int | None = None
+    """experts n (default 8, the paper's offline figures)"""
+    tokenization: Literal["perconv", "perfeat", "persamp"] | None = None
+    """how the encoder output becomes tokens (default perconv)"""
+    expert_width: int | None = None
+    """hidden units of each expert (default 512)"""
+    random_phi: bool = False
+    """softmoe: redraw Phi from N(0, 1) at every forward call instead of learning it"""
+    moe_normalize: bool = False
+    """softmoe: l2-normalise the tokens and the columns of Phi, times a learned scalar, for the logits"""
+    width_multiplier: int = 1
+    """none: widen the penultimate dense layer to 512 x k units"""
+    load_balance_coef: float = 0.0
+    """top1: weight of the importance and load losses added to the loss (0 = off, the reference's default)"""
+    bf16: bool = False
+    """run the encoder in bfloat16 autocast (faster only on CPUs with AVX512-BF16/AMX and on GPUs)"""
+
+    # --- evaluation (online, after every iteration) ---
+    eval_steps: int = 125_000
+    """agent steps of each evaluation phase, summed over --eval-envs (Dopamine's evaluation_steps); the mean return
+    of the games that end within them is the iteration's score. 0 = use --eval-episodes"""
+    eval_episodes: int = 0
+    """if set, replaces --eval-steps: this many games, one per parallel environment, each to its end"""
+    eval_envs: int = 8
+    """parallel environments of a step-budget evaluation"""
+    eval_epsilon: float = 0.001
+    """epsilon of the evaluation policy (epsilon_eval)"""
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Setup: the agents, defaults, validation, the game
+# ----------------------------------------------------------------------------------------------------------------------
+# What each agent sets (the paper's Table 3; softmoe_dopamine.md §5.7)
+AGENTS = {
+    "cql": dict(num_atoms=1, dueling=False, double=False, n_step=1, learning_rate=5e-5, adam_eps=3.125e-4),
+    "cql-c51": dict(num_atoms=51, dueling=True, double=True, n_step=3, learning_rate=6.25e-5, adam_eps=1.5e-4),
+}
+
+
+def agent_args(name: str, **overrides) -> Args:
+    """The Args of an agent, with explicit values on top."""
+    return replace(Args(), **({"agent": name} | AGENTS[name] | overrides))
+
+
+def parse_args(argv: list[str]) -> Args:
+    """`--agent NAME` picks the defaults tyro shows and parses over; an unknown name is a one-line error."""
+    name = "cql"
+    for i, arg in enumerate(argv):
+        if arg == "--agent" and i + 1 < len(argv):
+            name = argv[i + 1]
+        elif arg.startswith("--agent="):
+            name = arg.split("=", 1)[1]
+    if name not in AGENTS:
+        raise SystemExit(f"error: unknown --agent {name!r}; choose one of {', '.join(AGENTS)}")
+    return tyro.cli(Args, args=argv, default=agent_args(name))
+
+
+def fill_defaults(args: Args) -> Args:
+    """MoE settings left at None get the reference's values (only for the MoE variants, so misuse is detectable)."""
+    if args.moe != "none":
+        args.num_experts = 8 if args.num_experts is None else args.num_experts
+        args.tokenization = args.tokenization or "perconv"
+        args.expert_width = 512 if args.expert_width is None else args.expert_width
+    return args
+
+
+def validate(args: Args) -> str | None:
+    """One clear line for each impossible setting, checked before anything is read or written."""
+    if game_from_env_id(args.env_id) is None:
+        return unknown_env_message(args.env_id)
+    error = validate_network(args) or validate_common(args)
+    if error:
+        return error
+    if not args.dataset_dir:
+        return "--dataset-dir is required: a DQN Replay Dataset run, or a folder from dqn_softmoe.py --save-replay"
+    if not 0 < args.data_percent <= 100:
+        return f"--data-percent must lie in (0, 100], got {args.data_percent}"
+    if parse_checkpoints(args.checkpoints) is None:
+        return f"--checkpoints {args.checkpoints!r}: give 'all', a list like '0,1,7' or a range like '40-49'"
+    if args.num_atoms < 1:
+        return f"--num-atoms must be at least 1 (1 = a scalar Q), got {args.num_atoms}"
+    if args.num_atoms > 1 and args.v_min >= args.v_max:
+        return f"--v-min ({args.v_min}) must be below --v-max ({args.v_max})"
+    if args.cql_coef < 0:
+        return "--cql-coef must be >= 0"
+    if args.eval_steps < 0 or args.eval_episodes < 0 or args.eval_envs < 1:
+        return "--eval-steps and --eval-episodes must be >= 0 and --eval-envs at least 1"
+    if args.eval_steps == 0 and args.eval_episodes == 0:
+        return "the evaluation needs a budget: --eval-steps N or --eval-episodes N"
+    if not 0 <= args.eval_epsilon <= 1:
+        return "--eval-epsilon must lie in [0, 1]"
+    return None
+
+
+def validate_common(args) -> str | None:
+    """The sizes, rates, schedule and device."""
+    numbers = {k: v for k, v in asdict(args).items() if isinstance(v, float)}
+    for name, value in numbers.items():
+        if not math.isfinite(value):
+            return f"--{name.replace('_', '-')} must be a finite number, got {value}"
+    if args.batch_size < 1 or args.n_step < 1:
+        return "--batch-size and --n-step must be at least 1"
+    if args.learning_rate <= 0 or args.target_network_frequency < 1:
+        return "--learning-rate and --target-network-frequency must be positive"
+    if args.num_iterations < 1 or args.steps_per_iteration < 1:
+        return "--num-iterations and --steps-per-iteration must be at least 1"
+    if not 0 <= args.gamma <= 1:
+        return "--gamma must lie in [0, 1]"
+    if args.device != "auto" and args.device.startswith("cuda") and not torch.cuda.is_available():
+        return f"--device {args.device} asked for CUDA but torch sees no GPU; use --device cpu or auto"
+    return None
+
+
+def validate_network(args: Args) -> str | None:
+    if args.moe == "none":
+        for flag, value in (("--num-experts", args.num_experts), ("--tokenization", args.tokenization)):
+            if value is not None:
+                return f"{flag} needs an MoE; --moe none has a dense penultimate layer (use --moe softmoe or top1)"
+        if args.expert_width is not None:
+            return "--expert-width needs an MoE; widen the --moe none baseline with --width-multiplier"
+    else:
+        if args.num_experts < 1:
+            return f"--num-experts must be at least 1, got {args.num_experts}"
+        if args.expert_width < 1:
+            return f"--expert-width must be at least 1, got {args.expert_width}"
+        if args.width_multiplier != 1:
+            return "--width-multiplier widens the --moe none baseline; scale an MoE with --num-experts"
+    if args.moe != "softmoe" and (args.random_phi or args.moe_normalize):
+        return "--random-phi and --moe-normalize act on Soft MoE's Phi; they need --moe softmoe"
+    if args.moe != "top1" and args.load_balance_coef != 0:
+        return "--load-balance-coef needs --moe top1 (Soft MoE has no router to balance)"
+    if args.width_multiplier < 1 or args.load_balance_coef < 0:
+        return "--width-multiplier must be at least 1 and --load-balance-coef non-negative"
+    return None
+
+
+def make_env(args: Args, rom: str, num_envs: int):
+    """ale_py's vector env with the chosen protocol (as dqn_softmoe.py), for the online evaluation."""
+    sticky = args.protocol == "dopamine"
+    life_loss = args.protocol != "dopamine"
+    return ale_py.AtariVectorEnv(
+        rom,
+        num_envs,
+        num_threads=min(num_envs, os.cpu_count() or 1),
+        repeat_action_probability=0.25 if sticky else 0.0,
+        noop_max=0 if sticky else 30,  # ale_py draws 0 .. noop_max - 1 no-ops at every reset
+        life_loss_info=life_loss,
+        episodic_life=False,
+        use_fire_reset=False,
+        reward_clipping=False,
+        max_num_frames_per_episode=args.max_episode_frames,
+        frameskip=4,
+        maxpool=True,
+        img_height=FRAME_SHAPE[0],
+        img_width=FRAME_SHAPE[1],
+        grayscale=True,
+        stack_num=STACK,
+        full_action_space=False,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The DQN Replay Dataset on disk (Agarwal et al. 2020; Dopamine's OutOfGraphReplayBuffer format, softmoe_dopamine.md §6)
+# ----------------------------------------------------------------------------------------------------------------------
+# The four arrays of a checkpoint file and their (dtype, shape of one row); the files hold 1M rows in the real dataset
+STORE = {"observation": (np.uint8, FRAME_SHAPE), "action": (np.int32, ()), "reward": (np.float32, ()),
+         "terminal": (np.uint8, ())}  # fmt: skip
+
+
+class DatasetError(ValueError):
+    """A missing, truncated or malformed dataset file: one line that names it."""
+
+
+def store_path(directory: str, name: str, checkpoint: int) -> str:
+    """`$store$_observation_ckpt.7.gz`, ... for the arrays; `add_count_ckpt.7.gz`, `invalid_range_ckpt.7.gz`."""
+    prefix = "$store$_" if name in STORE else ""
+    return os.path.join(directory, f"{prefix}{name}_ckpt.{checkpoint}.gz")
+
+
+def parse_checkpoints(spec: str) -> list[int] | str | None:
+    """'all' | '0,1,7' | '40-49' -> 'all' or the indices; None when malformed."""
+    if spec == "all":
+        return "all"
+    try:
+        if re.fullmatch(r"\d+-\d+", spec):
+            low, high = (int(v) for v in spec.split("-"))
+            return list(range(low, high + 1)) if low <= high else None
+        return sorted({int(v) for v in spec.split(",")})
+    except ValueError:
+        return None
+
+
+def read_npy_header(path: str, f) -> tuple[tuple, np.dtype]:
+    """The shape and dtype of the .npy stream f (gzip-decompressed), leaving f at the first data byte."""
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    except (OSError, EOFError, ValueError) as err:
+        raise DatasetError(f"{path}: not a gzipped .npy file ({type(err).__name__}: {err})") from None
+    if fortran:
+        raise DatasetError(f"{path}: Fortran-ordered array; the dataset's files are C-ordered")
+    return shape, dtype
+
+
+def read_rows(path: str, rows: int | None = None) -> np.ndarray:
+    """The first `rows` rows (all when None) of a gzipped .npy file, streamed: only those bytes are decompressed."""
+    if not os.path.isfile(path):
+        raise DatasetError(f"{path}: missing")
+    try:
+        with gzip.open(path, "rb") as f:
+            shape, dtype = read_npy_header(path, f)
+            count = shape[0] if shape and rows is None else (min(rows, shape[0]) if shape else 1)
+            out = np.empty((count,) + tuple(shape[1:]), dtype=dtype)
+            view = memoryview(out.reshape(-1).view(np.uint8))
+            done = 0
+            while done < len(view):  # readinto in chunks: the gzip module fills at most its buffer per call
+                got = f.readinto(view[done : done + (64 << 20)])
+                if not got:
+                    raise EOFError(f"file ends after {done:,} of {len(view):,} bytes")
+                done += got
+    except (EOFError, OSError, gzip.BadGzipFile) as err:
+        raise DatasetError(
+            f"{path}: truncated or corrupt gzip ({type(err).__name__}: {err}); download it again"
+        ) from None
+    return out if shape else out.reshape(())
+
+
+@dataclass
+class CheckpointFile:
+    index: int
+    capacity: int  # rows of each array in the file
+    add_count: int
+    invalid_range: np.ndarray
+    rows: int = 0  # rows read (the first --data-percent of the capacity, plus the stack)
+
+
+def inspect_dataset(args: Args) -> list[CheckpointFile]:
+    """Find the checkpoint files, read their headers, add counts and invalid ranges, check dtypes and shapes, and
+    decide how many rows of each to read; one DatasetError line for the first problem, before any long read."""
+    directory = args.dataset_dir
+    if os.path.isdir(os.path.join(directory, "replay_logs")):
+        directory = os.path.join(directory, "replay_logs")
+    if not os.path.isdir(directory):
+        raise DatasetError(f"--dataset-dir {args.dataset_dir!r}: no such directory")
+    found = sorted(
+        int(m.group(1))
+        for f in os.listdir(directory)
+        if (m := re.fullmatch(r"\$store\$_observation_ckpt\.(\d+)\.gz", f))
+    )
+    if not found:
+        raise DatasetError(
+            f"--dataset-dir {args.dataset_dir!r} holds no checkpoint ($store$_observation_ckpt.N.gz); point it at a "
+            "run's replay_logs/ or at a folder written by dqn_softmoe.py --save-replay"
+        )
+    wanted = parse_checkpoints(args.checkpoints)
+    indices = found if wanted == "all" else wanted
+    missing = sorted(set(indices) - set(found))
+    if missing:
+        raise DatasetError(f"--checkpoints asks for {missing} but {directory!r} holds {found[0]}..{found[-1]}")
+    files = []
+    for index in indices:
+        capacity = None
+        for name, (dtype, row_shape) in STORE.items():
+            path = store_path(directory, name, index)
+            if not os.path.isfile(path):
+                raise DatasetError(f"{path}: missing (checkpoint {index} is incomplete)")
+            with gzip.open(path, "rb") as f:
+                shape, found_dtype = read_npy_header(path, f)
+            if found_dtype != np.dtype(dtype) or len(shape) != 1 + len(row_shape) or tuple(shape[1:]) != row_shape:
+                expected = "(rows" + "".join(f", {d}" for d in row_shape) + ")"
+                raise DatasetError(f"{path}: {found_dtype} {tuple(shape)}, expected {np.dtype(dtype)} {expected}")
+            if capacity is not None and shape[0] != capacity:
+                raise DatasetError(f"{path}: {shape[0]:,} rows, but the checkpoint's observations have {capacity:,}")
+            capacity = shape[0]
+        add_count = int(read_rows(store_path(directory, "add_count", index)))
+        invalid_range = np.asarray(read_rows(store_path(directory, "invalid_range", index)), dtype=np.int64)
+        rows = min(capacity, math.ceil(capacity * args.data_percent / 100) + STACK)
+        files.append(CheckpointFile(index, capacity, add_count, invalid_range, rows))
+    return files
+
+
+def dataset_bytes(files: list[CheckpointFile]) -> int:
+    row = FRAME_SHAPE[0] * FRAME_SHAPE[1] + 4 + 4 + 1 + 8  # frame, action, reward, terminal, sample index
+    return sum(f.rows for f in files) * row
+
+
+class OfflineReplay:
+    """The chosen rows of every checkpoint file, one after another, with the indices that Dopamine's
+    OutOfGraphReplayBuffer would sample. Row i holds frame o_i, action a_i, clipped reward r_{i+1} and whether s_{i+1}
+    is terminal; an episode starts with three all-zero padding rows, so a stack never needs masking. Index i may be
+    sampled when: i >= 3 (its stack is in the rows read), its n-step window i..i+n-1 and s_{i+n} are in the rows read
+    (and below the file's write cursor if the file is not full), i is not in the file's invalid_range, and none of the
+    rows i-3..i-1 is terminal (a terminal may only end a stack)."""
+
+    def __init__(self, directory: str, files: list[CheckpointFile], n_step: int):
+        total = sum(f.rows for f in files)
+        self.frames = np.empty((total,) + FRAME_SHAPE, dtype=np.uint8)
+        self.actions = np.empty(total, dtype=np.int64)
+        self.rewards = np.empty(total, dtype=np.float32)
+        self.terminals = np.empty(total, dtype=bool)
+        indices, start = [], 0
+        for f in files:
+            end = start + f.rows
+            self.frames[start:end] = read_rows(store_path(directory, "observation", f.index), f.rows)
+            self.actions[start:end] = read_rows(store_path(directory, "action", f.index), f.rows)
+            self.rewards[start:end] = read_rows(store_path(directory, "reward", f.index), f.rows)
+            self.terminals[start:end] = read_rows(store_path(directory, "terminal", f.index), f.rows) != 0
+            indices.append(start + self.sample_indices(f, self.terminals[start:end], n_step))
+            start = end
+        self.indices = np.concatenate(indices)
+        if not len(self.indices):
+            raise DatasetError(
+                f"{directory}: the chosen rows hold no transition that may be sampled; raise --data-percent"
+            )
+        self.episodes_started = int(self.terminals.sum())
+
+    @staticmethod
+    def sample_indices(f: CheckpointFile, terminals: np.ndarray, n_step: int) -> np.ndarray:
+        i = np.arange(STACK - 1, f.rows - n_step)  # the stack and s_{i+n} inside the rows read
+        if f.add_count < f.capacity:  # a file that was never full: only rows below the write cursor hold data
+            i = i[i < f.add_count - n_step]
+        i = i[~np.isin(i, f.invalid_range % f.capacity)]
+        after_terminal = np.zeros(len(i), dtype=bool)
+        for back in range(1, STACK):
+            after_terminal |= terminals[i - back]
+        return i[~after_terminal]
+
+    @property
+    def num_transitions(self) -> int:
+        return len(self.indices)
+
+    def sample(self, batch_size: int, rng: np.random.Generator, n_step: int = 1, gamma: float = 0.99):
+        """Uniform over the indices that may be sampled; n-step returns cut at the first terminal, as FrameReplay."""
+        i = self.indices[rng.integers(0, len(self.indices), size=batch_size)]
+        offsets = np.arange(n_step)
+        terminal = self.terminals[i[:, None] + offsets]  # (B, n)
+        length = np.where(terminal.any(1), terminal.argmax(1) + 1, n_step)
+        inside = offsets[None, :] < length[:, None]
+        returns = (self.rewards[i[:, None] + offsets] * gamma**offsets * inside).sum(1, dtype=np.float32)
+        stack = np.arange(1 - STACK, 1)
+        return {
+            "states": self.frames[i[:, None] + stack],
+            "next_states": self.frames[(i + length)[:, None] + stack],
+            "actions": self.actions[i],
+            "rewards": returns,
+            "terminals": terminal.any(1).astype(np.float32),
+            "rows": i,
+        }
+
+
+def load_dataset(args: Args, num_actions: int) -> OfflineReplay:
+    files = inspect_dataset(args)
+    directory = args.dataset_dir
+    if os.path.isdir(os.path.join(directory, "replay_logs")):
+        directory = os.path.join(directory, "replay_logs")
+    needed, available = dataset_bytes(files), physical_memory_bytes()
+    rows = sum(f.rows for f in files)
+    print(
+        f"dataset: {len(files)} checkpoint file(s) {files[0].index}..{files[-1].index} of {directory}, the first "
+        f"{args.data_percent:g}% of each = {rows:,} rows, {needed / 1e9:.2f} GB in memory (this machine: "
+        f"{available / 1e9:.1f} GB)",
+        flush=True,
+    )
+    if needed + 2**30 > available:
+        fits = max(int((available - 2**30) // (needed / len(files))), 0)  # whole files that would fit
+        fewer = f" or read fewer files, e.g. --checkpoints {files[0].index}-{files[0].index + fits - 1}" if fits else ""
+        raise DatasetError(
+            f"the chosen subset needs {needed / 1e9:.1f} GB plus 1 GB headroom but this machine has "
+            f"{available / 1e9:.1f} GB; lower --data-percent{fewer}"
+        )
+    replay = OfflineReplay(directory, files, args.n_step)
+    if replay.actions.max(initial=0) >= num_actions:
+        raise DatasetError(
+            f"{directory}: actions up to {int(replay.actions.max())} but {args.env_id} has {num_actions}; is --env-id "
+            "the dataset's game?"
+        )
+    return replay
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Episodes of the online evaluation (as dqn_softmoe.py)
+# ----------------------------------------------------------------------------------------------------------------------
+class Step(NamedTuple):
+    acted: np.ndarray  # (N,) the env took the agent's action (False on ale_py's reset step)
+    terminal: np.ndarray  # (N,) s_{t+1} is terminal for learning
+    valid: np.ndarray  # (N,) acted, and not cut by the time limit: a transition that may be learned from
+    history: np.ndarray  # (N,) earlier frames of the same stack in o_t, capped at 3
+    finished: list  # [(env, return, length)] of the episodes that ended
+
+
+class EpisodeTracker:
+    """Per-environment bookkeeping for ale_py's NEXT_STEP autoreset.
+
+    After a step that ends an episode, the env's next step is a reset step: its action is ignored and it returns the
+    first observation of a new episode with reward 0, so it is not a transition and is neither learned from nor
+    counted as an agent step. A reset step is recognised from the previous step's flags and, as a safeguard, from
+    the episode frame counter going backwards. With a life-loss protocol a lost life is terminal for learning and the
+    agent starts a new stack (Dopamine's agent resets its state), while the game and its return go on.
+    """
+
+    def __init__(self, num_envs: int, life_loss_terminal: bool, truncation_is_terminal: bool, info: dict):
+        self.life_loss_terminal = life_loss_terminal
+        self.truncation_is_terminal = truncation_is_terminal
+        self.reset_next = np.zeros(num_envs, dtype=bool)
+        self.stack_steps = np.zeros(num_envs, dtype=np.int64)  # agent steps since the current stack began
+        self.lives = np.asarray(info["lives"]).copy()
+        self.frame_number = np.asarray(info["episode_frame_number"]).copy()
+        self.returns = np.zeros(num_envs)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+
+    def step(self, rewards, terminated, truncated, info) -> Step:
+        frame_number, lives = np.asarray(info["episode_frame_number"]), np.asarray(info["lives"])
+        reset_step = self.reset_next | (frame_number < self.frame_number)
+        finished = [(k, self.returns[k], self.lengths[k]) for k in np.flatnonzero(reset_step & ~self.reset_next)]
+        acted = ~reset_step
+        life_lost = (lives < self.lives) & (lives > 0)
+        terminal = acted & (terminated | (truncated & self.truncation_is_terminal))
+        cut = acted & truncated & ~terminated & ~self.truncation_is_terminal  # the time limit, not the game, ended it
+        episode_over = acted & (truncated | (terminated & ~(self.life_loss_terminal & life_lost)))
+        history = np.minimum(self.stack_steps, STACK - 1)
+        self.returns += np.where(acted, rewards, 0)
+        self.lengths += acted
+        finished += [(k, self.returns[k], self.lengths[k]) for k in np.flatnonzero(episode_over)]
+        for k, _, _ in finished:
+            self.returns[k], self.lengths[k] = 0.0, 0
+        new_stack = reset_step | (terminal & ~episode_over)  # a new episode, or a lost life that is terminal
+        self.stack_steps = np.where(new_stack, 0, self.stack_steps + 1)
+        self.reset_next = episode_over
+        self.lives, self.frame_number = lives.copy(), frame_number.copy()
+        finished = [(int(k), float(r), int(n)) for k, r, n in finished]
+        return Step(acted, terminal, acted & ~cut, history, finished)
+
+    def agent_view(self, obs: np.ndarray) -> np.ndarray:
+        """The stacks the agent sees: ale_py's, with the frames from before a terminal lost life zeroed."""
+        if not self.life_loss_terminal or self.stack_steps.min() >= STACK - 1:
+            return obs
+        keep = (STACK - 1 - np.arange(STACK))[None, :] <= self.stack_steps[:, None]  # (N, 4)
+        return obs * keep[:, :, None, None].astype(np.uint8)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Initialisers and padding as Flax does them
+# ----------------------------------------------------------------------------------------------------------------------
+def lecun_normal_(tensor: torch.Tensor, fan_in: int) -> torch.Tensor:
+    """Flax lecun_normal: truncated normal (+-2 std) scaled so that the variance is 1 / fan_in."""
+    std = math.sqrt(1.0 / fan_in) / 0.87962566103423978  # std of a unit normal truncated to [-2, 2]
+    return nn.init.trunc_normal_(tensor, 0.0, std, -2 * std, 2 * std)
+
+
+def xavier_layer(layer: nn.Module) -> nn.Module:
+    nn.init.xavier_uniform_(layer.weight)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def pad_same(x: torch.Tensor, kernel: int, stride: int, value: float = 0.0) -> torch.Tensor:
+    """TensorFlow 'SAME' padding of the last two dims: output ceil(n / stride); the total padding
+    max((out - 1) stride + kernel - n, 0) is split with the odd pixel after (Nature CNN: 84 -> 21 -> 11 -> 11)."""
+    pads = []
+    for n in (x.shape[-1], x.shape[-2]):  # F.pad lists the last dim first
+        total = max((-(-n // stride) - 1) * stride + kernel - n, 0)
+        pads += [total // 2, total - total // 2]
+    return F.pad(x, pads, value=value)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Encoders
+# ----------------------------------------------------------------------------------------------------------------------
+class NatureEncoder(nn.Module):
+    """Conv 32 8x8/4 -> Conv 64 4x4/2 -> Conv 64 3x3/1, ReLU after each, SAME padding, xavier_uniform kernels.
+    (B, 4, 84, 84) -> (B, 64, 11, 11)."""
+
+    def __init__(self):
+        super().__init__()
+        layers = ((4, 32, 8, 4), (32, 64, 4, 2), (64, 64, 3, 1))  # (in, out, kernel, stride)
+        self.convs = nn.ModuleList(xavier_layer(nn.Conv2d(i, o, k, s)) for i, o, k, s in layers)
+
+    def forward(self, x):
+        for conv in self.convs:
+            x = F.relu(conv(pad_same(x, conv.kernel_size[0], conv.stride[0])))
+        return x
+
+
+class ResidualBlock(nn.Module):
+    """x + Conv(ReLU(Conv(ReLU(x)))), 3x3 convs with Flax's default lecun_normal init."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0, self.conv1 = (
+            nn.Conv2d(channels, channels, 3, padding=1),
+            nn.Conv2d(channels, channels, 3, padding=1),
+        )
+        for conv in (self.conv0, self.conv1):
+            lecun_normal_(conv.weight, channels * 9)
+            nn.init.zeros_(conv.bias)
+
+    def forward(self, x):
+        return x + self.conv1(F.relu(self.conv0(F.relu(x))))
+
+
+class ImpalaEncoder(nn.Module):
+    """Three stacks (16, 32, 32 channels) of Conv 3x3 (xavier) -> max-pool 3x3/2 SAME (-inf padding) -> 2 residual
+    blocks, then ReLU. (B, 4, 84, 84) -> 84 -> 42 -> 21 -> 11 -> (B, 32, 11, 11)."""
+
+    def __init__(self, channels=(16, 32, 32)):
+        super().__init__()
+        self.convs, self.blocks = nn.ModuleList(), nn.ModuleList()
+        in_channels = 4
+        for c in channels:
+            self.convs.append(xavier_layer(nn.Conv2d(in_channels, c, 3, padding=1)))
+            self.blocks.append(nn.Sequential(ResidualBlock(c), ResidualBlock(c)))
+            in_channels = c
+
+    def forward(self, x):
+        for conv, blocks in zip(self.convs, self.blocks, strict=True):
+            x = F.max_pool2d(pad_same(conv(x), 3, 2, value=float("-inf")), 3, 2)
+            x = blocks(x)
+        return F.relu(x)
+
+
+def tokenize(features: torch.Tensor, kind: str) -> torch.Tensor:
+    """Encoder output C (B, d, h, w) -> tokens X (B, m, token dim) (§3, Fig. 3).
+
+    perconv: m = h*w tokens of size d, row-major over the grid; perfeat: m = d tokens of size h*w (the transpose);
+    persamp: one token holding the whole output (in channel-major order, a fixed permutation of Flax's HWC flatten).
+    """
+    if kind == "perconv":
+        return features.flatten(2).transpose(1, 2)  # (B, h*w, d)
+    if kind == "perfeat":
+        return features.flatten(2)  # (B, d, h*w)
+    if kind == "persamp":
+        return features.flatten(1)[:, None]  # (B, 1, d*h*w)
+    raise ValueError(kind)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Experts, Soft MoE, Top1-MoE
+# ----------------------------------------------------------------------------------------------------------------------
+class Experts(nn.Module):
+    """n independent experts f_e(x) = Dense(ReLU(Dense(x))): d -> width -> d (the second Dense is the paper's
+    projection back to token size), xavier_uniform kernels, zero biases; parameters stacked on a leading expert axis.
+    Input (B, n, slots, d) -> output (B, n, slots, d) and the hidden activations (B, n, slots, width)."""
+
+    def __init__(self, num_experts: int, dim: int, width: int):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(num_experts, dim, width))
+        self.b1 = nn.Parameter(torch.zeros(num_experts, width))
+        self.w2 = nn.Parameter(torch.empty(num_experts, width, dim))
+        self.b2 = nn.Parameter(torch.zeros(num_experts, dim))
+        bound = math.sqrt(6.0 / (dim + width))  # xavier_uniform, the same for both layers
+        nn.init.uniform_(self.w1, -bound, bound)
+        nn.init.uniform_(self.w2, -bound, bound)
+
+    def forward(self, slots: torch.Tensor):
+        B, n, s, d = slots.shape
+        x = slots.transpose(0, 1).reshape(n, B * s, d)  # one matmul per expert over all its slots
+        hidden = torch.relu(torch.baddbmm(self.b1[:, None], x, self.w1))  # (n, B*s, width)
+        out = torch.baddbmm(self.b2[:, None], hidden, self.w2)  # (n, B*s, d)
+        return out.view(n, B, s, d).transpose(0, 1), hidden.view(n, B, s, -1).transpose(0, 1)
+
+
+def l2_normalize(x: torch.Tensor, dim: int, eps: float = 1e-6) -> torch.Tensor:
+    return x / (x.norm(dim=dim, keepdim=True) + eps)
+
+
+def soft_moe(tokens: torch.Tensor, phi: torch.Tensor, experts, scale: torch.Tensor | None = None):
+    """Soft MoE, §2.2. tokens X (B, m, d), phi Phi (d, n, p) (or (B, d, n, p) for a per-sample random Phi), experts
+    maps slots (B, n, p, d) to (outputs, hidden). With `scale`, the logits use l2-normalised tokens and Phi columns
+    times the learned scalar (Puigcerver et al.); the slots always mix the raw tokens.
+
+    Returns Y (B, m, d), dispatch D (B, m, n, p), combine C (B, m, n, p) and the experts' hidden activations."""
+    x_hat, phi_hat = tokens, phi
+    if scale is not None:
+        x_hat, phi_hat = l2_normalize(tokens, -1), scale * l2_normalize(phi, -3)
+    pattern = "bmd,dnp->bmnp" if phi.dim() == 3 else "bmd,bdnp->bmnp"
+    logits = torch.einsum(pattern, x_hat, phi_hat)  # L = X Phi (B, m, n, p)
+    B, m, n, p = logits.shape
+    dispatch = torch.softmax(logits, dim=1)  # D: each slot's weights over the m tokens sum to 1
+    combine = torch.softmax(logits.reshape(B, m, n * p), dim=-1).view(B, m, n, p)  # C: each token's over all slots
+    slots = torch.einsum("bmnp,bmd->bnpd", dispatch, tokens)  # X~ = D^T X (B, n, p, d)
+    slot_outputs, hidden = experts(slots)  # Y~_i = f_{floor(i/p)}(X~_i) (B, n, p, d)
+    outputs = torch.einsum("bmnp,bnpd->bmd", combine, slot_outputs)  # Y = C Y~ (B, m, d)
+    return outputs, dispatch, combine, hidden
+
+
+class SoftMoE(nn.Module):
+    """Phi (d, n, p) with p = ceil(m / n) slots per expert, lecun_normal with fan_in n*d as Flax computes it for a 3-D
+    kernel; the scalar (init 1) is always created but only used with normalisation, as in the reference."""
+
+    def __init__(self, dim, num_tokens, num_experts, width, random_phi=False, normalize=False):
+        super().__init__()
+        self.slots = -(-num_tokens // num_experts)
+        self.phi_shape = (dim, num_experts, self.slots)
+        self.random_phi, self.normalize = random_phi, normalize
+        self.phi = None if random_phi else nn.Parameter(lecun_normal_(torch.empty(self.phi_shape), num_experts * dim))
+        self.scalar = nn.Parameter(torch.ones(1))
+        self.experts = Experts(num_experts, dim, width)
+
+    def forward(self, tokens):
+        phi = self.phi
+        if self.random_phi:  # a fresh N(0, 1) Phi for every sample of every call, as the reference's per-sample keys
+            phi = torch.randn((tokens.shape[0],) + self.phi_shape, device=tokens.device)
+        outputs, dispatch, combine, hidden = soft_moe(
+            tokens, phi, self.experts, self.scalar if self.normalize else None
+        )
+        return outputs, {"dispatch": dispatch, "combine": combine, "hidden": hidden}
+
+
+def top1_route(probs: torch.Tensor, capacity: int):
+    """Top-1 routing with capacity. probs (B, m, n) -> expert index, gate probability, position of the token in its
+    expert's queue (token order) and whether it was kept (position < capacity), each (B, m)."""
+    gate, expert = probs.max(-1)
+    chosen = F.one_hot(expert, probs.shape[-1])  # (B, m, n)
+    position = (chosen.cumsum(1) * chosen).sum(-1) - 1  # earlier tokens sent to the same expert
+    return expert, gate, position, position < capacity
+
+
+class Top1MoE(nn.Module):
+    """Router Dense(n) without bias (lecun_normal), softmax, top-1; expert capacity C = ceil(m / n); the first C tokens
+    routed to an expert (in token order) are kept, unused capacity slots are zeros that still pass through the expert,
+    an overflowing token outputs zero; kept outputs are scaled by the gate probability."""
+
+    def __init__(self, dim, num_tokens, num_experts, width):
+        super().__init__()
+        self.capacity = -(-num_tokens // num_experts)
+        self.router = nn.Parameter(lecun_normal_(torch.empty(dim, num_experts), dim))
+        self.experts = Experts(num_experts, dim, width)
+
+    def forward(self, tokens):
+        B, m, d = tokens.shape
+        n, C = self.router.shape[1], self.capacity
+        logits = tokens @ self.router  # (B, m, n)
+        probs = torch.softmax(logits, -1)
+        expert, gate, position, kept = top1_route(probs, C)
+        slot = torch.where(kept, expert * C + position, n * C)[..., None].expand(B, m, d)  # dropped -> extra slot
+        slots = tokens.new_zeros(B, n * C + 1, d).scatter(1, slot, tokens)[:, : n * C]  # (B, n*C, d)
+        slot_outputs, hidden = self.experts(slots.view(B, n, C, d))  # (B, n, C, d)
+        padded = torch.cat([slot_outputs.reshape(B, n * C, d), tokens.new_zeros(B, 1, d)], 1)
+        outputs = padded.gather(1, slot) * gate[..., None]  # dropped tokens read the zero row
+        aux = {"router_logits": logits, "router_probs": probs, "expert": expert, "kept": kept, "hidden": hidden}
+        return outputs, aux
+
+
+def importance_loss(probs: torch.Tensor) -> torch.Tensor:
+    """Riquelme et al. (2021) A.2: per sample, importance_e = sum over tokens of the router probability of expert e;
+    loss = (std_e / mean_e)^2 averaged over the batch. probs (B, m, n)."""
+    importance = probs.sum(1)  # (B, n)
+    return ((importance.std(-1, unbiased=False) / importance.mean(-1)) ** 2).mean()
+
+
+def load_loss(logits: torch.Tensor, noisy_logits: torch.Tensor, noise_std: float) -> torch.Tensor:
+    """Riquelme et al. (2021) A.2 with k = 1: threshold = the winning noisy logit of each token; P(token, e) =
+    1 - Phi_N((threshold - logit_e) / sigma), the chance that expert e would win under fresh noise; p_e = mean over
+    tokens; loss = (std_e p / mean_e p)^2 averaged over the batch. logits (B, m, n)."""
+    threshold = noisy_logits.max(-1, keepdim=True).values
+    p = 1.0 - torch.special.ndtr((threshold - logits) / noise_std)
+    p_mean = p.mean(1)  # (B, n)
+    return ((p_mean.std(-1, unbiased=False) / p_mean.mean(-1)) ** 2).mean()
+
+
+def load_balancing_loss(aux: dict, num_experts: int) -> torch.Tensor:
+    """Importance + load loss with the reference's weights (1, 1) and noise std 1 / n."""
+    noise_std = 1.0 / num_experts
+    logits = aux["router_logits"]
+    noisy = logits + noise_std * torch.randn_like(logits)
+    return importance_loss(aux["router_probs"]) + load_loss(logits, noisy, noise_std)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Q-network
+# ----------------------------------------------------------------------------------------------------------------------
+def dense_layer(in_features: int, out_features: int) -> nn.Module:
+    """Dopamine's plain Dense (xavier_uniform, zero bias)."""
+    return xavier_layer(nn.Linear(in_features, out_features))
+
+
+class QNetwork(nn.Module):
+    """uint8 stacks (B, 4, 84, 84) / 255 -> encoder -> [Dense(512 k) + ReLU | tokens -> MoE -> flatten] -> [dueling]
+    heads -> logits (B, A, N) -> Q = sum_i z_i softmax(logits)_i (the single logit when N = 1)."""
+
+    def __init__(
+        self,
+        num_actions: int,
+        encoder: str = "impala",
+        moe: str = "softmoe",
+        num_experts: int = 8,
+        tokenization: str = "perconv",
+        expert_width: int = 512,
+        random_phi: bool = False,
+        moe_normalize: bool = False,
+        width_multiplier: int = 1,
+        bf16: bool = False,
+        num_atoms: int = 1,
+        v_min: float = -10.0,
+        v_max: float = 10.0,
+        dueling: bool = False,
+    ):
+        super().__init__()
+        self.moe_kind, self.tokenization, self.bf16 = moe, tokenization, bf16
+        self.num_actions, self.num_atoms, self.dueling = num_actions, num_atoms, dueling
+        self.encoder = NatureEncoder() if encoder == "nature" else ImpalaEncoder()
+        with torch.no_grad():
+            features = self.encoder(torch.zeros(1, STACK, *FRAME_SHAPE))  # (1, d, h, w)
+        if moe == "none":
+            self.dense = dense_layer(features[0].numel(), 512 * width_multiplier)
+            head_inputs = 512 * width_multiplier
+        else:
+            num_tokens, dim = tokenize(features, tokenization).shape[1:]
+            if moe == "softmoe":
+                self.moe = SoftMoE(dim, num_tokens, num_experts, expert_width, random_phi, moe_normalize)
+            else:
+                self.moe = Top1MoE(dim, num_tokens, num_experts, expert_width)
+            head_inputs = num_tokens * dim  # the output tokens are flattened, no pooling
+        if dueling:
+            self.value = dense_layer(head_inputs, num_atoms)
+            self.advantage = dense_layer(head_inputs, num_actions * num_atoms)
+        else:
+            self.head = dense_layer(head_inputs, num_actions * num_atoms)
+        self.register_buffer("support", torch.linspace(v_min, v_max, num_atoms))  # z_i
+
+    def forward(self, x: torch.Tensor, return_aux: bool = False):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):  # --bf16: the convolutions
+            features = self.encoder(x.float() / 255.0).float()  # (B, d, h, w)
+        if self.moe_kind == "none":
+            hidden = F.relu(self.dense(features.flatten(1)))  # (B, 512 k)
+            aux = {"hidden": hidden, "head_input": hidden}
+        else:
+            outputs, aux = self.moe(tokenize(features, self.tokenization))  # (B, m, d)
+            aux["head_input"] = outputs.flatten(1)
+        B, h = len(x), aux["head_input"]
+        if self.dueling:
+            value = self.value(h).view(B, 1, self.num_atoms)
+            advantage = self.advantage(h).view(B, self.num_actions, self.num_atoms)
+            logits = value + advantage - advantage.mean(1, keepdim=True)  # (B, A, N)
+        else:
+            logits = self.head(h).view(B, self.num_actions, self.num_atoms)
+        q = (torch.softmax(logits, -1) * self.support).sum(-1) if self.num_atoms > 1 else logits[..., 0]  # (B, A)
+        aux["logits"] = logits
+        return (q, aux) if return_aux else q
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def build_network(args: Args, num_actions: int) -> QNetwork:
+    return QNetwork(
+        num_actions,
+        encoder=args.encoder,
+        moe=args.moe,
+        num_experts=args.num_experts,
+        tokenization=args.tokenization,
+        expert_width=args.expert_width,
+        random_phi=args.random_phi,
+        moe_normalize=args.moe_normalize,
+        width_multiplier=args.width_multiplier,
+        bf16=args.bf16,
+        num_atoms=args.num_atoms,
+        v_min=args.v_min,
+        v_max=args.v_max,
+        dueling=args.dueling,
+    )
+
+
+def architecture(args: Args) -> dict:
+    """What a checkpoint must match to be loaded into this run's network."""
+    arch = {"env_id": args.env_id, "encoder": args.encoder, "moe": args.moe}
+    if args.moe == "none":
+        arch["width_multiplier"] = args.width_multiplier
+    else:
+        arch.update(num_experts=args.num_experts, tokenization=args.tokenization, expert_width=args.expert_width)
+    if args.moe == "softmoe":
+        arch.update(random_phi=args.random_phi, moe_normalize=args.moe_normalize)
+    arch.update(num_atoms=args.num_atoms, dueling=args.dueling)
+    if args.num_atoms > 1:
+        arch.update(v_min=args.v_min, v_max=args.v_max)
+    return arch
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# CQL
+# ----------------------------------------------------------------------------------------------------------------------
+def select_actions(q_net, obs: np.ndarray, epsilon: float, rng: np.random.Generator, num_actions: int, device):
+    """epsilon-greedy per environment; the network only sees the environments that act greedily."""
+    actions = rng.integers(0, num_actions, size=len(obs))
+    greedy = rng.random(len(obs)) > epsilon  # Dopamine explores when u <= epsilon
+    if greedy.any():
+        with torch.inference_mode():
+            q = q_net(torch.from_numpy(obs[greedy]).to(device))
+        actions[greedy] = q.argmax(1).cpu().numpy()
+    return actions.astype(np.int32)
+
+
+def project_distribution(target_support: torch.Tensor, probs: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
+    """Dopamine's project_distribution (C51's projection onto the fixed support): m_i = sum_j clip(1 - |clip(T z_j,
+    v_min, v_max) - z_i| / dz, 0, 1) p_j. target_support T z (B, N), probs p (B, N), support z (N,) -> m (B, N)."""
+    dz = support[1] - support[0]
+    clipped = target_support.clamp(float(support[0]), float(support[-1]))
+    weight = (1.0 - (clipped[:, None, :] - support[None, :, None]).abs() / dz).clamp(0.0, 1.0)  # (B, i, j)
+    return (weight * probs[:, None, :]).sum(-1)
+
+
+def cql_penalty(q: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    """Kumar et al. (2020), discrete actions: logsumexp_a Q(s, a) - Q(s, a_D) per sample. q (B, A) -> (B,)."""
+    return torch.logsumexp(q, 1) - q.gather(1, actions[:, None]).squeeze(1)
+
+
+def cql_loss(q_net, target_net, batch: dict, args: Args):
+    """TD + alpha mean [logsumexp_a Q(s, a) - Q(s, a_D)]: TD is the Huber loss of the scalar Q against the n-step
+    target (cql), or the C51 cross-entropy against the projected double-DQN target (cql-c51), whose CQL term takes the
+    expected Q-values (+ the load-balancing losses for top1). Returns the loss and its metrics, among them the
+    per-sample loss (TD + alpha penalty)."""
+    states, next_states = batch["states"], batch["next_states"]
+    rows, actions = torch.arange(len(states), device=states.device), batch["actions"]
+    discount = args.gamma**args.n_step * (1.0 - batch["terminals"])  # gamma^n (1 - terminal)
+    with torch.no_grad():
+        next_q, next_aux = target_net(next_states, return_aux=True)
+        # double DQN: the online network picks a*, the target network evaluates it
+        next_action = (q_net(next_states) if args.double else next_q).argmax(1)
+        if args.num_atoms > 1:
+            support = target_net.support
+            next_probs = torch.softmax(next_aux["logits"][rows, next_action], -1)  # p_target(s_{t+n}, a*) (B, N)
+            target = project_distribution(batch["rewards"][:, None] + discount[:, None] * support, next_probs, support)
+        else:
+            target = batch["rewards"] + discount * next_q[rows, next_action]
+    q, aux = q_net(states, return_aux=True)
+    q_taken = q[rows, actions]
+    if args.num_atoms > 1:
+        td = -(target * torch.log_softmax(aux["logits"][rows, actions], -1)).sum(-1)  # cross-entropy
+    else:
+        td = F.huber_loss(q_taken, target, reduction="none")
+    penalty = cql_penalty(q, actions)  # on the expected Q-values
+    per_sample = td + args.cql_coef * penalty
+    aux_loss = load_balancing_loss(aux, args.num_experts) if args.load_balance_coef > 0 else torch.zeros(())
+    metrics = {
+        "td_loss": td.detach().mean(),
+        "cql_penalty": penalty.detach().mean(),
+        "aux_loss": aux_loss.detach(),
+        "q_values": q_taken.detach().mean(),
+    }
+    return per_sample.mean() + args.load_balance_coef * aux_loss, metrics | {"per_sample_loss": per_sample, "aux": aux}
+
+
+def to_tensors(batch: dict, device) -> dict[str, torch.Tensor]:
+    keys = ("states", "next_states", "actions", "rewards", "terminals")
+    return {k: torch.from_numpy(batch[k]).to(device) for k in keys}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Main: read the data, then the loop sample -> learn, with an online evaluation after every iteration
+# ----------------------------------------------------------------------------------------------------------------------
+def main(args: Args) -> dict:
+    args = fill_defaults(args)
+    error = validate(args) or optional_imports_error(args)
+    ckpt, replay = None, None
+    rom = game_from_env_id(args.env_id)
+    num_actions = num_game_actions(rom) if rom else 0
+    if error is None and args.resume:
+        try:
+            ckpt = load_checkpoint(args.resume, args)
+            if ckpt["updates"] >= args.num_iterations * args.steps_per_iteration:
+                raise ValueError(
+                    f"--resume {args.resume!r} has done all {ckpt['updates']:,} steps; raise --num-iterations"
+                )
+        except ValueError as err:
+            error = str(err)
+    if error is None:
+        try:  # checks every file before the long read, then reads the chosen rows
+            replay = load_dataset(args, num_actions)
+        except DatasetError as err:
+            error = str(err)
+    if error:
+        raise SystemExit(f"error: {error}")
+
+    device = pick_device(args.device)
+    seed_everything(args.seed, args.torch_deterministic)
+    rng = np.random.default_rng(args.seed)
+    # channels_last kernels: the same maths, ~5% faster convolutions on CPU (oneDNN) and with cuDNN
+    q_net = build_network(args, num_actions).to(device, memory_format=torch.channels_last)
+    target_net = build_network(args, num_actions).to(device, memory_format=torch.channels_last)
+    target_net.load_state_dict(q_net.state_dict())
+    target_net.requires_grad_(False)
+    optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=True)
+    updates, evaluations = 0, []
+    if ckpt is not None:
+        try:
+            updates, evaluations = restore(ckpt, q_net, target_net, optimizer, rng)
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise SystemExit(f"error: --resume {args.resume!r} does not fit this run ({err})") from None
+
+    run = start_run(args, rom, q_net, replay, updates, evaluations, device, resumed=ckpt is not None)
+
+    def checkpoint() -> dict:
+        return {"q_net": q_net.state_dict(), "target_net": target_net.state_dict(), "optimizer": optimizer.state_dict()}
+
+    total_updates, metrics = args.num_iterations * args.steps_per_iteration, {}
+    with stop_signals() as stopped:
+        while updates < total_updates and not stopped():
+            t_sample = time.perf_counter()
+            batch = to_tensors(replay.sample(args.batch_size, rng, args.n_step, args.gamma), device)
+            run.sample_seconds += time.perf_counter() - t_sample
+            loss, metrics = cql_loss(q_net, target_net, batch, args)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            updates += 1
+            if updates % args.target_network_frequency == 0:
+                target_net.load_state_dict(q_net.state_dict())
+            if updates % args.steps_per_iteration == 0:  # an iteration is over: play the game
+                log_evaluation(run, q_net, args, updates, device, checkpoint, rng)
+            log_step(run, updates, metrics, checkpoint, rng)
+    return finish_run(run, updates, checkpoint, rng, complete=not stopped())
+
+
+# ======================================================================================================================
+# Bookkeeping: the run directory, tensorboard, the progress line, outputs and checkpoints
+# ======================================================================================================================
+@dataclass
+class Run:
+    """What a run writes, and the timers that decide when."""
+
+    args: Args
+    rom: str
+    run_dir: str
+    writer: SummaryWriter
+    summary: dict
+    evaluations: list  # one dict per finished iteration
+    start_updates: int
+    t_start: float = field(default_factory=time.time)
+    t_log: float = field(default_factory=time.time)
+    t_write: float = field(default_factory=time.time)
+    log_updates: int = 0  # gradient steps at the last progress line
+    recent_sps: float = 0.0  # moving average of the gradient steps/s between progress lines, for the ETA
+    sample_seconds: float = 0.0  # time spent sampling batches (and moving them to the device)
+    eval_seconds: float = 0.0  # time spent in the online evaluations
+
+
+def num_game_actions(rom: str) -> int:
+    """The game's minimal action set (what ale_py's vector env acts with)."""
+    ale = ale_py.ALEInterface()
+    ale.setLoggerMode(ale_py.LoggerMode.Error)
+    ale.loadROM(ale_py.roms.get_rom_path(rom))
+    return len(ale.getMinimalActionSet())
+
+
+def start_run(args: Args, rom: str, net, replay, updates: int, evaluations: list, device, resumed: bool) -> Run:
+    game = camel_name(rom)
+    run_name = f"{game}__{args.exp_name}__{args.agent}-{args.moe}-{args.encoder}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join("runs", run_name)
+    os.makedirs(run_dir, exist_ok=True)
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            save_code=True,
+        )
+    writer = SummaryWriter(run_dir)
+    writer.add_text(
+        "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+    )
+    parts = {name: count_parameters(child) for name, child in net.named_children()}
+    print(
+        f"{run_name}: {args.agent}, {args.moe} on the {args.encoder} encoder, {count_parameters(net):,} parameters "
+        f"{parts}, {replay.num_transitions:,} transitions to sample from, device {device}"
+        + (f"; resuming at gradient step {updates:,}" if resumed else "")
+    )
+    summary = {
+        "args": asdict(args),
+        "run_name": run_name,
+        "device": str(device),
+        "game": game,
+        "num_parameters": count_parameters(net),
+        "parameters_by_part": parts,
+        "dataset": {
+            "rows": len(replay.frames),
+            "transitions_sampled_from": replay.num_transitions,
+            "episode_ends": replay.episodes_started,
+            "loading_path": "Dopamine's fixed-replay path: the first --data-percent rows of every checkpoint file",
+        },
+        "behaviour_policy": behaviour_policy_score(args.dataset_dir, rom),
+        "start_updates": updates,
+    }
+    return Run(args, rom, run_dir, writer, summary, evaluations, updates, log_updates=updates)
+
+
+def behaviour_policy_score(dataset_dir: str, rom: str) -> dict | None:
+    """The generating run's own training returns, when dqn_softmoe.py --save-replay wrote them beside the data."""
+    path = os.path.join(dataset_dir, "behaviour_episodes.csv")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        returns = [float(r["return"]) for r in csv.DictReader(f)]
+    if not returns:
+        return None
+    last = returns[-100:]
+    return {"episodes": len(returns), "mean_return_last_100": float(np.mean(last)),
+            "human_normalized_score": human_normalized(float(np.mean(last)), rom)}  # fmt: skip
+
+
+def log_step(run: Run, updates: int, metrics: dict, checkpoint, rng):
+    """The progress line and the periodic outputs."""
+    args, writer = run.args, run.writer
+    now = time.time()
+    if now - run.t_log >= args.log_every_seconds:
+        elapsed = now - run.t_start - run.eval_seconds
+        sps = (updates - run.start_updates) / max(elapsed, 1e-9)
+        recent = (updates - run.log_updates) / (now - run.t_log)
+        run.recent_sps = recent if run.recent_sps == 0 else 0.7 * run.recent_sps + 0.3 * recent
+        total = args.num_iterations * args.steps_per_iteration
+        left_evals = args.num_iterations - updates // args.steps_per_iteration
+        eval_time = run.eval_seconds / max(len(run.evaluations) - run.start_updates // args.steps_per_iteration, 1)
+        eta = (total - updates) / run.recent_sps + left_evals * eval_time if run.recent_sps > 0 else float("inf")
+        for k in ("td_loss", "cql_penalty", "aux_loss", "q_values"):
+            if k in metrics:
+                writer.add_scalar(f"losses/{k}", float(metrics[k]), updates)
+        writer.add_scalar("charts/gradient_steps_per_second", sps, updates)
+        last = run.evaluations[-1] if run.evaluations else None
+        iteration = min(updates // args.steps_per_iteration + 1, args.num_iterations)  # the one under way
+        print(
+            f"iteration {iteration}/{args.num_iterations} | gradient step {updates:,}/"
+            f"{total:,} | {sps:,.1f} steps/s | td loss {float(metrics.get('td_loss', float('nan'))):.4f} | "
+            f"cql penalty {float(metrics.get('cql_penalty', float('nan'))):.3f} | last evaluation "
+            + (f"{last['mean_return']:.1f}" if last else "-")
+            + f" | ETA {fmt_time(eta) if math.isfinite(eta) else '?'} (recent rate, evaluations included)",
+            flush=True,
+        )
+        run.t_log, run.log_updates = now, updates
+    if now - run.t_write >= 60 * args.write_every_minutes:
+        write_outputs(run, updates, checkpoint, rng, complete=False)
+        run.t_write = now
+
+
+def write_outputs(run: Run, updates: int, checkpoint, rng, complete: bool):
+    """summary.json, eval_curve.csv / .png and, with --save-model, the checkpoint."""
+    args = run.args
+    elapsed = time.time() - run.t_start
+    learn_seconds = max(elapsed - run.eval_seconds, 1e-9)
+    done = updates - run.start_updates
+    last = run.evaluations[-1] if run.evaluations else None
+    run.summary.update(
+        complete=complete,
+        updates=updates,
+        iterations=len(run.evaluations),
+        wall_time=elapsed,
+        gradient_steps_per_second=done / learn_seconds,
+        # the sampler's own rate: how many batches it could deliver per second, against the learner's consumption
+        sampler_batches_per_second=done / run.sample_seconds if run.sample_seconds else None,
+        eval_mean_return=last["mean_return"] if last else None,
+        eval_human_normalized_score=last["human_normalized_score"] if last else None,
+        evaluations=run.evaluations,
+        random_human_scores=RANDOM_HUMAN_SCORES.get(camel_name(run.rom)),
+    )
+    with open(os.path.join(run.run_dir, "eval_curve.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["iteration", "gradient_steps", "mean_return", "human_normalized_score", "episodes"])
+        w.writerows([(e["iteration"], e["updates"], e["mean_return"], e["human_normalized_score"], e["episodes"])
+                     for e in run.evaluations])  # fmt: skip
+    write_eval_curve(os.path.join(run.run_dir, "eval_curve.png"), run)
+    if args.save_model:
+        path = os.path.join(run.run_dir, f"{SCRIPT}.pt")
+        state = checkpoint() | {"updates": updates, "evaluations": run.evaluations}
+        state |= {"numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state()}
+        save_checkpoint(path, args, state)
+        run.summary["checkpoint"] = path
+    with open(os.path.join(run.run_dir, "summary.json"), "w") as f:
+        json.dump(run.summary, f, indent=2)
+
+
+def finish_run(run: Run, updates: int, checkpoint, rng, complete: bool) -> dict:
+    if not complete:
+        print("interrupted: writing the summary and (with --save-model) the checkpoint")
+    write_outputs(run, updates, checkpoint, rng, complete)
+    summary = run.summary
+    hns = summary["eval_human_normalized_score"]
+    print(
+        f"done: {updates:,} gradient steps, {len(run.evaluations)} iterations, last evaluation "
+        f"{summary['eval_mean_return']}, human-normalised {hns if hns is None else round(hns, 3)}, "
+        f"{summary['gradient_steps_per_second']:,.1f} gradient steps/s (sampler: "
+        f"{summary['sampler_batches_per_second'] or 0:,.0f} batches/s)"
+    )
+    run.writer.close()
+    if run.args.track:
+        import wandb
+
+        wandb.finish()
+    return summary
+
+
+def restore(ckpt: dict, q_net, target_net, optimizer, rng):
+    """Load a checkpoint's state into this run; returns the gradient-step counter and the evaluations."""
+    q_net.load_state_dict(ckpt["q_net"])
+    target_net.load_state_dict(ckpt["target_net"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    rng.bit_generator.state = ckpt["numpy_rng"]
+    torch.set_rng_state(ckpt["torch_rng"])
+    return int(ckpt["updates"]), list(ckpt["evaluations"])
+
+
+def write_eval_curve(path: str, run: Run):
+    """The evaluation score per iteration, with the game's random and human scores and the behaviour policy's."""
+    if not run.evaluations:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    game = camel_name(run.rom)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot([e["iteration"] for e in run.evaluations], [e["mean_return"] for e in run.evaluations], "ko-", ms=3,
+            label=f"{run.args.agent}, {run.args.moe}")  # fmt: skip
+    if game in RANDOM_HUMAN_SCORES:
+        rnd, human = RANDOM_HUMAN_SCORES[game]
+        ax.axhline(rnd, color="gray", ls=":", label=f"random ({rnd:g})")
+        ax.axhline(human, color="r", ls=":", label=f"human ({human:g})")
+    behaviour = run.summary.get("behaviour_policy")
+    if behaviour:
+        score = behaviour["mean_return_last_100"]
+        ax.axhline(score, color="b", ls="--", label=f"behaviour policy, last 100 episodes ({score:.1f})")
+    ax.set_xlabel(f"iteration ({run.args.steps_per_iteration:,} gradient steps each)")
+    ax.set_ylabel("evaluation return (unclipped)")
+    ax.set_title(os.path.basename(run.run_dir))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ======================================================================================================================
+# Online evaluation (Dopamine's evaluation phase: a step budget, epsilon 0.001, the training protocol)
+# ======================================================================================================================
+def evaluate(q_net, args: Args, rom: str, device, rng: np.random.Generator, video_path: str | None = None) -> list:
+    """--eval-steps: --eval-envs parallel games until their agent steps add up to the budget, keeping the games that
+    end within it (Dopamine's evaluation phase, run in parallel); --eval-episodes: one game per environment, each to its
+    end. epsilon-greedy at --eval-epsilon. Returns the (return, length) of the games kept. With `video_path`, env 0's
+    first game (what the agent sees) is written there as mp4."""
+    num_envs = args.eval_episodes or args.eval_envs
+    envs = make_env(args, rom, num_envs)
+    num_actions = int(envs.single_action_space.n)
+    obs, info = envs.reset(seed=args.seed + 1_000_003)
+    tracker = EpisodeTracker(num_envs, args.protocol != "dopamine", args.truncation_is_terminal, info)
+    results, steps = [], 0
+    live = np.ones(num_envs, dtype=bool)
+    frames = [] if video_path else None
+    try:
+        while live.any() and (args.eval_episodes or steps < args.eval_steps):
+            actions = np.zeros(num_envs, dtype=np.int32)
+            actions[live] = select_actions(q_net, obs[live], args.eval_epsilon, rng, num_actions, device)
+            next_obs, rewards, terminated, truncated, info = envs.step(actions)
+            step = tracker.step(rewards, terminated, truncated, info)
+            steps += int((step.acted & live).sum())
+            if frames is not None:
+                frames.append(next_obs[0, -1].copy())
+            for env, episode_return, length in step.finished:
+                if live[env] and (args.eval_episodes or steps <= args.eval_steps):
+                    results.append((episode_return, length))
+                if args.eval_episodes:
+                    live[env] = False  # one game per environment
+                if env == 0 and frames:
+                    write_video(video_path, frames)
+                    frames = None
+            obs = tracker.agent_view(next_obs)
+    finally:
+        envs.close()
+    return results
+
+
+def write_video(path: str, frames: list):
+    """84x84 frames shown at 168x168, as mp4."""
+    from moviepy import ImageSequenceClip
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    rgb = [np.repeat(np.kron(f, np.ones((2, 2), dtype=np.uint8))[..., None], 3, -1) for f in frames]
+    ImageSequenceClip(rgb, fps=15).write_videofile(path, logger=None)
+
+
+def log_evaluation(run: Run, q_net, args: Args, updates: int, device, checkpoint, rng):
+    """Evaluate after an iteration; write the score and its human-normalised value to tensorboard, summary.json and
+    the evaluation curve (and the checkpoint)."""
+    t0 = time.time()
+    iteration = updates // args.steps_per_iteration
+    video = os.path.join(run.run_dir, "videos", f"iteration-{iteration}.mp4") if args.capture_video else None
+    games = evaluate(q_net, args, run.rom, device, np.random.default_rng([args.seed, updates]), video)
+    returns = np.array([r for r, _ in games], dtype=np.float64)
+    mean = float(returns.mean()) if len(returns) else float("nan")
+    result = {
+        "iteration": iteration,
+        "updates": updates,
+        "episodes": len(games),
+        "mean_return": mean,
+        "std_return": float(returns.std()) if len(returns) else float("nan"),
+        "human_normalized_score": human_normalized(mean, run.rom),
+        "mean_length": float(np.mean([n for _, n in games])) if games else float("nan"),
+        "seconds": time.time() - t0,
+    }
+    run.evaluations.append(result)
+    run.eval_seconds += result["seconds"]
+    run.writer.add_scalar("eval/mean_return", mean, updates)
+    if result["human_normalized_score"] is not None:
+        run.writer.add_scalar("eval/human_normalized_score", result["human_normalized_score"], updates)
+    hns = result["human_normalized_score"]
+    print(
+        f"iteration {result['iteration']}: {len(games)} evaluation games, mean return {mean:.1f}, human-normalised "
+        f"{hns if hns is None else round(hns, 3)}, {result['seconds']:.0f} s",
+        flush=True,
+    )
+    write_outputs(run, updates, checkpoint, rng, complete=False)
+    run.t_write = time.time()
+
+
+# ======================================================================================================================
+# Shared helpers: byte-identical in dqn_softmoe.py, rainbow_softmoe.py and cql_softmoe.py (a test checks), so that a
+# diff between the scripts shows the algorithms
+# ======================================================================================================================
+# Standard no-op-start random / human reference scores (shared/reference/atari_scores.csv: the rliable / DQN Zoo /
+# Dopamine table), for the human-normalised score (score - random) / (human - random).
+RANDOM_HUMAN_SCORES = {
+    "Alien": (227.8, 7127.7), "Amidar": (5.8, 1719.5), "Assault": (222.4, 742.0), "Asterix": (210.0, 8503.3),
+    "Asteroids": (719.1, 47388.7), "Atlantis": (12850.0, 29028.1), "BankHeist": (14.2, 753.1),
+    "BattleZone": (2360.0, 37187.5), "BeamRider": (363.9, 16926.5), "Berzerk": (123.7, 2630.4),
+    "Bowling": (23.1, 160.7), "Boxing": (0.1, 12.1), "Breakout": (1.7, 30.5), "Centipede": (2090.9, 12017.0),
+    "ChopperCommand": (811.0, 7387.8), "CrazyClimber": (10780.5, 35829.4), "Defender": (2874.5, 18688.9),
+    "DemonAttack": (152.1, 1971.0), "DoubleDunk": (-18.6, -16.4), "Enduro": (0.0, 860.5),
+    "FishingDerby": (-91.7, -38.7), "Freeway": (0.0, 29.6), "Frostbite": (65.2, 4334.7), "Gopher": (257.6, 2412.5),
+    "Gravitar": (173.0, 3351.4), "Hero": (1027.0, 30826.4), "IceHockey": (-11.2, 0.9), "Jamesbond": (29.0, 302.8),
+    "Kangaroo": (52.0, 3035.0), "Krull": (1598.0, 2665.5), "KungFuMaster": (258.5, 22736.3),
+    "MontezumaRevenge": (0.0, 4753.3), "MsPacman": (307.3, 6951.6), "NameThisGame": (2292.3, 8049.0),
+    "Phoenix": (761.4, 7242.6), "Pitfall": (-229.4, 6463.7), "Pong": (-20.7, 14.6), "PrivateEye": (24.9, 69571.3),
+    "Qbert": (163.9, 13455.0), "Riverraid": (1338.5, 17118.0), "RoadRunner": (11.5, 7845.0), "Robotank": (2.2, 11.9),
+    "Seaquest": (68.4, 42054.7), "Skiing": (-17098.1, -4336.9), "Solaris": (1236.3, 12326.7),
+    "SpaceInvaders": (148.0, 1668.7), "StarGunner": (664.0, 10250.0), "Surround": (-10.0, 6.5),
+    "Tennis": (-23.8, -8.3), "TimePilot": (3568.0, 5229.2), "Tutankham": (11.4, 167.6), "UpNDown": (533.4, 11693.2),
+    "Venture": (0.0, 1187.5), "VideoPinball": (0.0, 17667.9), "WizardOfWor": (563.5, 4756.5),
+    "YarsRevenge": (3092.9, 54576.9), "Zaxxon": (32.5, 9173.3),
+}  # fmt: skip
+
+
+def camel_name(rom: str) -> str:
+    """'ms_pacman' -> 'MsPacman' (Gymnasium's spelling of ROM names)."""
+    return "".join(part.capitalize() for part in rom.split("_"))
+
+
+def game_from_env_id(env_id: str) -> str | None:
+    """'ALE/MsPacman-v5' -> the ROM name 'ms_pacman', or None when no ROM has that name."""
+    match = re.fullmatch(r"ALE/([A-Za-z0-9]+)-v5", env_id)
+    if match is None:
+        return None
+    roms = {rom.replace("_", ""): rom for rom in ale_py.roms.get_all_rom_ids()}
+    return roms.get(match.group(1).lower())
+
+
+def unknown_env_message(env_id: str) -> str:
+    names = {camel_name(rom).lower(): camel_name(rom) for rom in ale_py.roms.get_all_rom_ids()}
+    asked = re.sub(r"^(ALE/)?|(NoFrameskip)?(-v\d+)?$", "", env_id).lower()
+    close = difflib.get_close_matches(asked, list(names), n=3, cutoff=0.5)
+    hint = ", ".join(f"ALE/{names[c]}-v5" for c in close) if close else "ALE/<Game>-v5 such as ALE/Pong-v5"
+    return f"unknown --env-id {env_id!r}; closest valid ids: {hint}"
+
+
+def human_normalized(score: float, rom: str) -> float | None:
+    """(score - random) / (human - random), or None for the games without reference scores."""
+    ref = RANDOM_HUMAN_SCORES.get(camel_name(rom))
+    if ref is None or not math.isfinite(score):
+        return None
+    return (score - ref[0]) / (ref[1] - ref[0])
+
+
+def physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def optional_imports_error(args) -> str | None:
+    if args.track:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            return "--track needs wandb; `pip install wandb` or drop --track"
+    if args.capture_video:
+        try:
+            import moviepy  # noqa: F401
+        except ImportError:
+            return "--capture-video needs moviepy; `pip install moviepy` or drop --capture-video"
+    return None
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def seed_everything(seed: int, deterministic: bool):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = deterministic
+
+
+class stop_signals:
+    """`with stop_signals() as stopped:` SIGINT and SIGTERM (even when a background shell ignored SIGINT) end the loop
+    at the next `stopped()` check, so that the summary and the checkpoint are written; the old handlers come back."""
+
+    def __enter__(self):
+        self.received = False
+
+        def handler(signum, frame):
+            self.received = True
+
+        self.previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return lambda: self.received
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
+def save_checkpoint(path: str, args, state: dict):
+    """The script's format, the architecture it must match, the arguments and `state`; atomically (tmp + rename)."""
+    tmp = f"{path}.tmp"
+    torch.save({"format": f"{SCRIPT}/2", "architecture": architecture(args), "args": asdict(args)} | state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str, args) -> dict:
+    """Load and check a checkpoint against the requested architecture; raises ValueError with one clear line."""
+    if not os.path.isfile(path):
+        raise ValueError(f"--resume {path!r}: no such file")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001  (any unpickling failure means the file is not a checkpoint)
+        raise ValueError(f"--resume {path!r} is not a readable checkpoint ({type(err).__name__})") from None
+    found = ckpt.get("format") if isinstance(ckpt, dict) else None
+    if found != f"{SCRIPT}/2":
+        script = found.split("/")[0] if isinstance(found, str) else None
+        if script == SCRIPT:
+            raise ValueError(f"--resume {path!r} has the format {found} of an older {SCRIPT}.py, not {SCRIPT}/2")
+        elsewhere = f" but a {script} one (algos/{script}.py)" if script else ""
+        raise ValueError(f"--resume {path!r} is not a {SCRIPT} checkpoint{elsewhere}")
+    want, have = architecture(args), ckpt["architecture"]
+    if want != have:
+        keys = sorted(set(want) | set(have))
+        diff = ", ".join(
+            f"{k}: checkpoint {have.get(k)} vs requested {want.get(k)}" for k in keys if want.get(k) != have.get(k)
+        )
+        raise ValueError(f"--resume {path!r} holds another architecture ({diff}); pass matching flags")
+    return ckpt
+
+
+def fmt_time(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
+
+
+if __name__ == "__main__":
+    main(parse_args(sys.argv[1:]))

@@ -1,0 +1,366 @@
+"""algos/cql_softmoe.py and the --save-replay writer: the DQN Replay Dataset reader against files a test writes in the
+exact on-disk format, the round trip save-replay -> load, the CQL penalty by hand, bad files, and smoke runs of both
+agents on a tiny dataset from a real game."""
+
+import gzip
+import json
+import math
+import os
+import subprocess
+import sys
+
+import cql_softmoe as cql
+import dqn_softmoe as dqn
+import numpy as np
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "algos", "cql_softmoe.py")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# A dataset written by hand in the DQN Replay Dataset's format (independently of ReplayLogger)
+# ----------------------------------------------------------------------------------------------------------------------
+def write_gz(path, array):
+    with gzip.open(path, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+
+
+def write_checkpoint(directory, index, episodes, capacity, add_count=None, invalid_range=None, episode_id0=1):
+    """Rows as Dopamine writes them: three all-zero padding rows before every episode, the episode's last row terminal.
+    Frame pixel (0, 0) = episode id, (0, 1) = step + 1 within the episode; reward = step + 1; action = step % 3.
+    Returns the rows (list of (episode id, step) or None for padding)."""
+    frames = np.zeros((capacity, 84, 84), np.uint8)
+    actions, rewards, terminals = (
+        np.zeros(capacity, np.int32),
+        np.zeros(capacity, np.float32),
+        np.zeros(capacity, np.uint8),
+    )
+    rows, t = [], 0
+    for e, length in enumerate(episodes):
+        for _ in range(3):
+            rows.append(None)
+            t += 1
+        for step in range(length):
+            if t >= capacity:
+                break
+            frames[t, 0, 0], frames[t, 0, 1] = episode_id0 + e, step + 1
+            actions[t], rewards[t], terminals[t] = step % 3, step + 1, step == length - 1
+            rows.append((episode_id0 + e, step))
+            t += 1
+    os.makedirs(directory, exist_ok=True)
+    for name, array in (("observation", frames), ("action", actions), ("reward", rewards), ("terminal", terminals)):
+        write_gz(cql.store_path(directory, name, index), array)
+    add_count = t if add_count is None else add_count
+    cursor = add_count % capacity
+    invalid_range = (cursor - 1 + np.arange(5)) % capacity if invalid_range is None else invalid_range
+    write_gz(cql.store_path(directory, "add_count", index), np.array(add_count))
+    write_gz(cql.store_path(directory, "invalid_range", index), np.asarray(invalid_range))
+    return rows[:capacity]
+
+
+def load(directory, n_step=1, **kw):
+    args = cql.Args(env_id="ALE/Breakout-v5", dataset_dir=str(directory), data_percent=100.0, n_step=n_step, **kw)
+    return cql.load_dataset(args, num_actions=4)
+
+
+def test_loader_reads_the_on_disk_format_and_samples_only_what_dopamine_would(tmp_path):
+    write_checkpoint(tmp_path, 0, [5, 2, 9, 4], capacity=40)  # a partial file: add_count 32 < 40
+    write_checkpoint(tmp_path, 1, [6, 12, 3, 7], capacity=40, add_count=80, episode_id0=10)  # a full file
+    replay = load(tmp_path)
+    assert len(replay.frames) == 80
+    allowed = set(replay.indices.tolist())
+    for i in range(80):
+        f, local = i // 40, i % 40
+        add_count, capacity = (32, 40) if f == 0 else (80, 40)
+        invalid = set((((add_count % capacity) - 1 + np.arange(5)) % capacity).tolist())
+        expected = (
+            local >= 3
+            and local < 40 - 1
+            and (f == 1 or local < add_count - 1)
+            and local not in invalid
+            and not replay.terminals[i - 3 : i].any()
+        )
+        assert (i in allowed) == expected, i
+    # padding rows are never a state: every sampled state's newest frame is real
+    batch = replay.sample(500, np.random.default_rng(0))
+    assert (batch["states"][:, -1, 0, 0] > 0).all()
+    for b in range(500):  # stacks: frames of one episode, consecutive steps, zero before the episode's first frame
+        episode, step = batch["states"][b, :, 0, 0].astype(int), batch["states"][b, :, 0, 1].astype(int)
+        present = episode > 0
+        assert (np.diff(present.astype(int)) >= 0).all() and (episode[present] == episode[-1]).all()
+        assert (np.diff(step[present]) == 1).all()
+        i = batch["rows"][b]
+        assert batch["actions"][b] == replay.actions[i] and batch["rewards"][b] == replay.rewards[i]
+        if not batch["terminals"][b]:
+            assert (
+                batch["next_states"][b, -1, 0, 1] == step[-1] + 1 and batch["next_states"][b, -1, 0, 0] == episode[-1]
+            )
+
+
+def test_n_step_windows_stop_at_the_first_terminal(tmp_path):
+    write_checkpoint(tmp_path, 0, [6, 2, 8], capacity=40)
+    replay = load(tmp_path, n_step=3)
+    batch = replay.sample(400, np.random.default_rng(1), n_step=3, gamma=0.5)
+    for b in range(400):
+        i = batch["rows"][b]
+        ret, terminal = 0.0, False
+        for k in range(3):
+            ret += 0.5**k * replay.rewards[i + k]
+            if replay.terminals[i + k]:
+                terminal = True
+                break
+        assert batch["rewards"][b] == pytest.approx(ret) and bool(batch["terminals"][b]) == terminal
+
+
+def test_data_percent_reads_the_first_rows_of_every_file(tmp_path):
+    write_checkpoint(tmp_path, 0, [30, 30, 30], capacity=100, add_count=100)
+    write_checkpoint(tmp_path, 1, [30, 30, 30], capacity=100, add_count=200)
+    files = cql.inspect_dataset(cql.Args(dataset_dir=str(tmp_path), data_percent=10.0))
+    assert [f.rows for f in files] == [14, 14]  # 10% of 100 rows, plus the stack (fixed_replay's [0, capacity + 4))
+    args = cql.Args(env_id="ALE/Breakout-v5", dataset_dir=str(tmp_path), data_percent=10.0, checkpoints="1")
+    replay = cql.load_dataset(args, 4)
+    assert len(replay.frames) == 14 and replay.frames[3, 0, 0] == 1  # file 1's first rows
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Round trip: --save-replay, then load
+# ----------------------------------------------------------------------------------------------------------------------
+def test_save_replay_then_load_gives_the_same_transitions(tmp_path):
+    rng = np.random.default_rng(2)
+    logger = dqn.ReplayLogger(str(tmp_path / "data"), num_envs=2, rows_per_file=64, n_step=1)
+    stored = {0: [], 1: []}  # what each env did: (frame id, action, reward, terminal)
+    counter = 1
+    for t in range(150):
+        frames = np.zeros((2, 84, 84), np.uint8)
+        for k in range(2):
+            frames[k, 0, 0], frames[k, 0, 1] = counter % 256, counter // 256
+            counter += 1
+        actions, rewards = rng.integers(0, 4, 2), rng.uniform(-1, 1, 2).astype(np.float32)
+        terminal = np.array([t % 17 == 16, t % 23 == 22])
+        cut = np.array([False, t == 100])
+        acted = np.array([True, t % 9 != 0])  # env 1 has reset steps now and then
+        step = dqn.Step(acted, terminal & acted, acted & ~cut, np.zeros(2, np.uint8), [])
+        logger.add(frames, actions, rewards, step)
+        for k in np.flatnonzero(acted):
+            stored[k].append((int(frames[k, 0, 0]) + 256 * int(frames[k, 0, 1]), int(actions[k]), float(rewards[k]),
+                              bool(terminal[k] or cut[k])))  # fmt: skip
+    logger.close([(10, 1.0, 5), (20, 2.0, 6)])
+    replay = load(tmp_path / "data")
+    # rebuild the episodes from the files: runs of non-padding rows
+    ids = replay.frames[:, 0, 0].astype(int) + 256 * replay.frames[:, 0, 1].astype(int)
+    written = [
+        (ids[i], int(replay.actions[i]), float(replay.rewards[i]), bool(replay.terminals[i]))
+        for i in range(len(ids))
+        if ids[i]
+    ]
+    for k in (0, 1):  # the episode still running when the run stopped is written as cut, hence terminal
+        if not stored[k][-1][3]:
+            stored[k][-1] = stored[k][-1][:3] + (True,)
+    everything = sorted(stored[0] + stored[1])
+    assert sorted(written) == everything  # every transition once, with its action, clipped reward and terminal flag
+    for i in replay.indices:  # a sampled state is never a padding row, and its successor is the same env's next step
+        assert ids[i] > 0
+    with open(tmp_path / "data" / "behaviour_episodes.csv") as f:
+        assert f.read().splitlines() == ["global_step,return,length", "10,1.0,5", "20,2.0,6"]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The CQL loss
+# ----------------------------------------------------------------------------------------------------------------------
+def test_cql_penalty_by_hand():
+    q = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])
+    actions = torch.tensor([2, 1])
+    expected = torch.tensor([math.log(math.e + math.e**2 + math.e**3) - 3.0, math.log(3.0)])
+    torch.testing.assert_close(cql.cql_penalty(q, actions), expected)
+
+
+def random_batch(size=6, num_actions=4):
+    return {
+        "states": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8),
+        "next_states": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8),
+        "actions": torch.randint(0, num_actions, (size,)),
+        "rewards": torch.randn(size),
+        "terminals": (torch.rand(size) < 0.3).float(),
+    }
+
+
+def test_cql_loss_is_huber_td_plus_alpha_times_the_penalty_for_the_scalar_agent():
+    torch.manual_seed(3)
+    args = cql.fill_defaults(cql.agent_args("cql", encoder="nature", moe="none", cql_coef=0.5, gamma=0.9))
+    q_net, target_net = cql.build_network(args, 4), cql.build_network(args, 4)
+    batch = random_batch()
+    loss, metrics = cql.cql_loss(q_net, target_net, batch, args)
+    with torch.no_grad():
+        q = q_net(batch["states"])
+        y = batch["rewards"] + 0.9 * (1 - batch["terminals"]) * target_net(batch["next_states"]).max(1).values
+        q_a = q[torch.arange(6), batch["actions"]]
+        td = torch.where((y - q_a).abs() <= 1, 0.5 * (y - q_a) ** 2, (y - q_a).abs() - 0.5)
+        penalty = torch.logsumexp(q, 1) - q_a
+    torch.testing.assert_close(loss.detach(), (td + 0.5 * penalty).mean(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(metrics["cql_penalty"], penalty.mean(), rtol=1e-5, atol=1e-6)
+
+
+def test_cql_c51_penalty_uses_the_expected_q_values():
+    torch.manual_seed(4)
+    args = cql.fill_defaults(cql.agent_args("cql-c51", encoder="nature", moe="none"))
+    assert (args.num_atoms, args.dueling, args.double, args.n_step) == (51, True, True, 3)
+    q_net, target_net = cql.build_network(args, 4), cql.build_network(args, 4)
+    batch = random_batch()
+    _, metrics = cql.cql_loss(q_net, target_net, batch, args)
+    with torch.no_grad():
+        _, aux = q_net(batch["states"], return_aux=True)
+        expected_q = (torch.softmax(aux["logits"], -1) * torch.linspace(-10, 10, 51)).sum(-1)  # (B, A)
+        penalty = torch.logsumexp(expected_q, 1) - expected_q[torch.arange(6), batch["actions"]]
+    torch.testing.assert_close(metrics["cql_penalty"], penalty.mean(), rtol=1e-5, atol=1e-6)
+    per_sample_td = metrics["per_sample_loss"].detach() - 0.1 * (
+        torch.logsumexp(expected_q, 1) - expected_q[torch.arange(6), batch["actions"]]
+    )
+    torch.testing.assert_close(metrics["td_loss"], per_sample_td.mean(), rtol=1e-5, atol=1e-5)
+
+
+def test_agents_set_what_table_3_says():
+    c = cql.agent_args("cql")
+    assert (c.learning_rate, c.adam_eps, c.n_step, c.num_atoms, c.dueling, c.double) == (
+        5e-5,
+        3.125e-4,
+        1,
+        1,
+        False,
+        False,
+    )
+    c51 = cql.agent_args("cql-c51")
+    assert (c51.learning_rate, c51.adam_eps, c51.n_step, c51.num_atoms) == (6.25e-5, 1.5e-4, 3, 51)
+    for a in (c, c51):
+        assert (a.batch_size, a.gamma, a.cql_coef, a.num_iterations, a.steps_per_iteration) == (
+            32,
+            0.99,
+            0.1,
+            200,
+            62_500,
+        )
+        assert (a.encoder, a.moe, a.eval_steps, a.eval_epsilon, a.protocol) == (
+            "impala",
+            "softmoe",
+            125_000,
+            0.001,
+            "dopamine",
+        )
+    args = cql.parse_args(["--agent", "cql-c51", "--n-step", "1", "--dataset-dir", "x"])
+    assert (args.n_step, args.num_atoms) == (1, 51)  # explicit flags override the agent
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Bad data: one line naming the file, before training
+# ----------------------------------------------------------------------------------------------------------------------
+def bad_dataset_error(directory, **kw) -> str:
+    with pytest.raises(SystemExit) as err:
+        cql.main(cql.Args(env_id="ALE/Breakout-v5", dataset_dir=str(directory), data_percent=100.0, **kw))
+    message = str(err.value)
+    assert message.startswith("error: ") and "\n" not in message
+    return message
+
+
+def test_each_bad_file_gives_one_line_naming_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    good = tmp_path / "good"
+    write_checkpoint(good, 0, [5, 5], capacity=30)
+    os.makedirs(tmp_path / "empty")
+    assert "holds no checkpoint" in bad_dataset_error(tmp_path / "empty")
+    assert "no such directory" in bad_dataset_error(tmp_path / "nowhere")
+    # a missing file
+    missing = tmp_path / "missing"
+    write_checkpoint(missing, 0, [5, 5], capacity=30)
+    os.remove(cql.store_path(str(missing), "reward", 0))
+    assert "$store$_reward_ckpt.0.gz: missing" in bad_dataset_error(missing)
+    # a truncated gzip
+    truncated = tmp_path / "truncated"
+    write_checkpoint(truncated, 0, [5, 5], capacity=30)
+    path = cql.store_path(str(truncated), "observation", 0)
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 2])
+    assert "$store$_observation_ckpt.0.gz: truncated or corrupt gzip" in bad_dataset_error(truncated)
+    # a wrong dtype and a wrong shape
+    wrong = tmp_path / "wrong"
+    write_checkpoint(wrong, 0, [5, 5], capacity=30)
+    write_gz(cql.store_path(str(wrong), "action", 0), np.zeros(30, np.float64))
+    assert "$store$_action_ckpt.0.gz: float64 (30,), expected int32 (rows)" in bad_dataset_error(wrong)
+    write_gz(cql.store_path(str(wrong), "action", 0), np.zeros(30, np.int32))
+    write_gz(cql.store_path(str(wrong), "observation", 0), np.zeros((30, 84, 80), np.uint8))
+    assert "$store$_observation_ckpt.0.gz: uint8 (30, 84, 80), expected uint8 (rows, 84, 84)" in bad_dataset_error(
+        wrong
+    )
+    # not a gzip at all
+    write_checkpoint(wrong, 0, [5, 5], capacity=30)
+    open(cql.store_path(str(wrong), "terminal", 0), "wb").write(b"plain bytes")
+    assert "$store$_terminal_ckpt.0.gz" in bad_dataset_error(wrong)
+    # not enough memory for the chosen subset
+    monkeypatch.setattr(cql, "physical_memory_bytes", lambda: 2**30)
+    assert "lower --data-percent" in bad_dataset_error(good)
+    assert not (tmp_path / "runs").exists()  # nothing was written
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(), "--dataset-dir is required"),
+        (dict(dataset_dir="x", data_percent=0.0), "--data-percent must lie in (0, 100]"),
+        (dict(dataset_dir="x", checkpoints="3-1"), "--checkpoints '3-1'"),
+        (dict(dataset_dir="x", num_atoms=0), "--num-atoms must be at least 1"),
+        (dict(dataset_dir="x", eval_steps=0), "the evaluation needs a budget"),
+        (dict(dataset_dir="x", learning_rate=float("nan")), "--learning-rate must be a finite number"),
+        (dict(dataset_dir="x", env_id="ALE/Pongg-v5"), "closest valid ids: ALE/Pong-v5"),
+    ],
+)
+def test_bad_flags_fail_with_one_line(tmp_path, monkeypatch, kw, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as err:
+        cql.main(cql.Args(**kw))
+    assert str(err.value).startswith("error: ") and message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unknown_agent_is_a_one_line_error():
+    out = subprocess.run([sys.executable, SCRIPT, "--agent", "cql51"], capture_output=True, text=True)
+    assert out.returncode != 0 and out.stderr.strip() == "error: unknown --agent 'cql51'; choose one of cql, cql-c51"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# End to end on a real game: dqn_softmoe.py --save-replay, then both agents
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def breakout_dataset(tmp_path_factory):
+    where = tmp_path_factory.mktemp("dataset")
+    cwd = os.getcwd()
+    os.chdir(where)
+    try:
+        dqn.main(dqn.Args(env_id="ALE/Breakout-v5", encoder="nature", moe="none", total_timesteps=500,
+                          learning_starts=100, buffer_size=1000, save_replay="data", save_replay_rows=200,
+                          log_every_seconds=1000.0, analysis_every=0))  # fmt: skip
+    finally:
+        os.chdir(cwd)
+    return where / "data"
+
+
+@pytest.mark.parametrize("agent", ["cql", "cql-c51"])
+def test_smoke_run_of_both_agents_on_a_dataset_from_a_real_game(tmp_path, monkeypatch, breakout_dataset, agent):
+    monkeypatch.chdir(tmp_path)
+    args = cql.agent_args(agent, env_id="ALE/Breakout-v5", dataset_dir=str(breakout_dataset), data_percent=100.0,
+                          encoder="nature", num_experts=2, expert_width=32, num_iterations=2, steps_per_iteration=12,
+                          eval_steps=60, eval_envs=2, target_network_frequency=5, save_model=True,
+                          log_every_seconds=1000.0)  # fmt: skip
+    summary = cql.main(args)
+    saved = json.loads((tmp_path / "runs" / summary["run_name"] / "summary.json").read_text())
+    assert saved["complete"] and saved["updates"] == 24 and [e["iteration"] for e in saved["evaluations"]] == [1, 2]
+    assert saved["dataset"]["transitions_sampled_from"] > 400 and saved["behaviour_policy"]["episodes"] >= 1
+    assert saved["sampler_batches_per_second"] > saved["gradient_steps_per_second"]
+    assert (tmp_path / "runs" / summary["run_name"] / "eval_curve.png").exists()
+    # resume: the iterations go on from the checkpoint
+    resumed = cql.main(replace_args(args, resume=summary["checkpoint"], num_iterations=3))
+    assert resumed["updates"] == 36 and [e["iteration"] for e in resumed["evaluations"]] == [1, 2, 3]
+
+
+def replace_args(args, **kw):
+    from dataclasses import replace
+
+    return replace(args, **kw)
