@@ -6,7 +6,7 @@
 #                           [-- extra flags]
 #
 # Suites:
-#   tetris-table1   Table 1: shallow SiLU / ReLU / dSiLU / sigmoid (10 runs each) and deep SiLU-SiLU / ReLU-ReLU /
+#   tetris-table1   Table 1: shallow dSiLU / sigmoid / SiLU / ReLU (10 runs each, one batched process) and deep SiLU-SiLU / ReLU-ReLU /
 #                   SiLU-dSiLU (5 runs each) on stochastic SZ-Tetris. Paper budget: 200,000 episodes.
 #   tetris-10x10    Fig. 4: shallow dSiLU with 250 hidden units on 10x10 Tetris, 5 runs. Paper budget: 400,000 episodes.
 #   tetris-table3   Table 3 and Fig. 6: trains the shallow dSiLU agent, then evaluates softmax (final tau) and
@@ -78,8 +78,8 @@ ATARI100K_GAMES="Alien Amidar Assault Asterix BankHeist BattleZone Boxing Breako
   UpNDown"
 
 case "$suite" in
-  tetris-table1)
-    for act in silu relu dsilu sigmoid; do td 200000 10 --network shallow --activation "$act"; done
+  tetris-table1)  # the four shallow rows in one batched process (--runs runs of each), then the deep rows
+    td 200000 10 --network shallow --activation dsilu sigmoid silu relu --save-model
     for act in silu-silu relu-relu silu-dsilu; do td 200000 5 --network deep --activation "$act"; done
     ;;
   tetris-10x10)

@@ -51,8 +51,8 @@ from envs.tetris import (  # noqa: E402
     ENV_VARIANTS,
     VARIANTS,
     AfterstateEngine,
-    bertsekas_features,
-    binary_feature_indices,
+    ColumnEngine,
+    _encoding_table,
     binary_feature_length,
 )
 
@@ -124,13 +124,18 @@ class Args:
     """temperature annealing rate tau_k (eq. 15)"""
     holes_scale: float | None = None
     """reward r(s) = exp(-holes / holes_scale) (default: 33 on a 20-row board (eq. 16), 16.5 on 10x10 (eq. 17))"""
+    reward_timing: Literal["next", "current"] = "next"
+    """which state's reward enters delta_t = r + gamma V(s_{t+1}) - V(s_t): 'next' = r(s_{t+1}), the afterstate moved
+    into (tetris.md §0; 0 when it is terminal); 'current' = r(s_t), the paper's literal r_t with r a function of the
+    state, so V(s) holds the state's own reward (see `td_reward`)"""
 
     # --- network ---
     network: Literal["shallow", "deep"] = "shallow"
     """shallow: binary features -> hidden -> linear; deep: raw board -> 2 conv + pool -> fc 250 -> linear"""
-    activation: str | None = None
-    """shallow: silu | dsilu | relu | sigmoid (default dsilu); deep: silu-dsilu | silu-silu | relu-relu (conv
-    layers - fully connected layer; default silu-dsilu)"""
+    activation: tuple[str, ...] | None = None
+    """shallow: silu | dsilu | relu | sigmoid (default dsilu), several at once (`--activation dsilu sigmoid silu relu`:
+    --num-runs runs of each in one batched process, Table 1's shallow rows); deep: one of silu-dsilu | silu-silu |
+    relu-relu (conv layers - fully connected layer; default silu-dsilu)"""
     hidden: int | None = None
     """hidden units of the shallow net (default: 50 on SZ-Tetris, 250 on the seven-piece variants); the deep net's
     fully connected layer has 250"""
@@ -141,6 +146,9 @@ class Args:
     as §3.2)"""
     eval_episodes: int = 0
     """after training (or on --resume), play this many episodes per run and selection rule without learning"""
+    eval_run: str = "all"
+    """which runs of a batched checkpoint the evaluation plays: 'all', 'best' (highest final mean score, the paper's
+    "best dSiLU network agent" of Table 3 and Fig. 6) or a run index N"""
     eval_selections: tuple[str, ...] = ("softmax", "epsilon:0", "epsilon:0.001", "epsilon:0.01", "epsilon:0.05")
     """selection rules of Table 3: 'softmax' (at the final temperature), 'softmax:TAU' or 'epsilon:EPS'"""
     value_analysis_episodes: int = 1000
@@ -155,7 +163,10 @@ def fill_defaults(args: Args) -> Args:
     sz = args.env_id == "envs/SZTetris-v0"
     height = VARIANTS[ENV_VARIANTS[args.env_id]][0] if args.env_id in ENV_VARIANTS else 20
     if args.activation is None:
-        args.activation = "dsilu" if args.network == "shallow" else "silu-dsilu"
+        args.activation = ("dsilu",) if args.network == "shallow" else ("silu-dsilu",)
+    elif isinstance(args.activation, str):
+        args.activation = (args.activation,)
+    args.activation = tuple(args.activation)
     if args.total_episodes is None:
         args.total_episodes = 200_000 if sz else 400_000
     if args.alpha is None:
@@ -184,8 +195,24 @@ def validate(args: Args) -> str | None:
     if args.env_id not in ENV_VARIANTS:
         return f"unknown --env-id {args.env_id!r}; choose one of {', '.join(ENV_VARIANTS)}"
     allowed = SHALLOW_ACTIVATIONS if args.network == "shallow" else DEEP_ACTIVATIONS
-    if args.activation not in allowed:
-        return f"--activation {args.activation!r} is not defined for --network {args.network}; choose one of {allowed}"
+    for act in args.activation:
+        if act not in allowed:
+            return f"--activation {act!r} is not defined for --network {args.network}; choose one of {allowed}"
+    if len(set(args.activation)) != len(args.activation):
+        return f"--activation lists a value twice: {' '.join(args.activation)}"
+    if len(args.activation) > 1 and args.network != "shallow":
+        return "several --activation values need --network shallow (the deep variants run one per process)"
+    if len(args.activation) > 1 and (args.eval_episodes > 0 or args.resume):
+        return "several --activation values train only: evaluate and resume one activation at a time"
+    for name in ("alpha", "gamma", "lam", "tau0", "tau_k", "holes_scale"):
+        if not math.isfinite(getattr(args, name)):
+            return f"--{name.replace('_', '-')} must be a finite number, got {getattr(args, name)}"
+    if args.tau0 <= 0 or args.tau_k < 0 or args.holes_scale <= 0:
+        return "--tau0 and --holes-scale must be positive and --tau-k non-negative"
+    if args.eval_run not in ("all", "best") and not (args.eval_run.isdigit() and int(args.eval_run) < args.num_runs):
+        return (
+            f"--eval-run must be 'all', 'best' or a run index below --num-runs {args.num_runs}, got {args.eval_run!r}"
+        )
     if args.num_runs < 1:
         return f"--num-runs must be at least 1, got {args.num_runs}"
     if args.total_episodes < 0 or args.eval_episodes < 0:
@@ -297,14 +324,137 @@ def shallow_value_and_grad(params, idx: torch.Tensor, activation: str):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# The shallow agent's fast path: one fused forward and lazily scaled traces (what the training loop runs)
+# ----------------------------------------------------------------------------------------------------------------------
+def shallow_indices(heights: torch.Tensor, n_holes: torch.Tensor, height: int) -> torch.Tensor:
+    """(..., W) heights and (...) holes -> (..., 2W + 1) active rows of the binary input (`binary_feature_indices`)
+    plus row F = the bias b1 as an always-active input (F = binary_feature_length)."""
+    width = heights.shape[-1]
+    lo, hi, offset = _bias_encoding_table(height, width, heights.device)
+    bias = torch.zeros_like(n_holes)[..., None]
+    feats = torch.cat([heights, heights[..., 1:] - heights[..., :-1], n_holes[..., None], bias], -1)
+    return torch.maximum(torch.minimum(feats, hi), lo) + offset
+
+
+def _bias_encoding_table(height, width, device):
+    lo, hi, offset = _encoding_table(height, width, device)
+    F_ = binary_feature_length(height, width)
+    extra = torch.tensor([[0], [0], [F_]], device=device)
+    return torch.cat([torch.stack([lo, hi, offset]), extra], -1)
+
+
+class ShallowTD:
+    """The shallow net and its TD(lambda) update for R runs, with the traces held lazily so a step touches only the
+    21 active rows of W1 (eq. 1, 4, 7, 11, 12; the same maths as shallow_value_and_grad + update_traces_and_params,
+    which tests/test_td_lambda_math.py checks step by step).
+
+    W = [W1; b1] (F + 1 rows, the bias as an always-active input). Per run, e_W = c E and theta_W = U + A E with
+    scalars c, A:
+        e <- d e + g       is  c <- d c;  E[rows] += g / c;  U[rows] -= A g / c    (theta unchanged)
+        theta <- theta + s e   is  A <- A + s c                                    (s = alpha delta)
+    When c falls below `fold_below` (every ~11 steps at gamma lambda = 0.5445) or an episode starts (d = 0), the run
+    is folded back: U <- U + A E, E <- c E, A <- 0, c <- 1 (one dense pass over that run only). U and E sit side by
+    side in one table, so one embedding_bag gives z = U-sum + A E-sum for every candidate and the current state.
+    [w2, b2] and their trace are small and stay dense.
+    """
+
+    def __init__(self, params: dict, groups: list[tuple[str, int, int]], fold_below: float = 1e-3):
+        W1, b1, w2, b2 = params["W1"], params["b1"], params["w2"], params["b2"]
+        R, F_, Hd = W1.shape
+        self.R, self.F, self.Hd, self.groups, self.fold_below = R, F_, Hd, groups, fold_below
+        self.table = W1.new_zeros(R, F_ + 1, 2 * Hd)  # [U | E] per run
+        self.table[:, :F_, :Hd] = W1
+        self.table[:, F_, :Hd] = b1
+        self.v = torch.cat([w2, b2[:, None]], -1)  # (R, Hd + 1) = [w2, b2]
+        self.ev = torch.zeros_like(self.v)  # its trace
+        self.c = W1.new_ones(R)
+        self.A = W1.new_zeros(R)
+        self.row_offsets = (torch.arange(R, device=W1.device) * (F_ + 1)).view(R, 1, 1)
+
+    def _by_group(self, fn, z):
+        if len(self.groups) == 1:
+            return fn(self.groups[0][0], z)
+        return torch.cat([fn(name, z[a:b]) for name, a, b in self.groups])
+
+    def values(self, idx: torch.Tensor):
+        """idx (R, N, 21) -> V (R, N), z (R, N, Hd), a(z) (R, N, Hd), all with the current theta."""
+        R, N, K = idx.shape
+        Hd = self.Hd
+        bag = F.embedding_bag((idx + self.row_offsets).view(R * N, K), self.table.view(-1, 2 * Hd), mode="sum")
+        bag = bag.view(R, N, 2 * Hd)
+        z = torch.addcmul(bag[..., :Hd], bag[..., Hd:], self.A.view(R, 1, 1))  # eq. 7
+        a = self._by_group(lambda name, x: ACTIVATIONS[name](x), z)
+        value = torch.baddbmm(self.v[:, None, Hd:], a, self.v[:, :Hd, None]).squeeze(-1)  # b2 + sum_k w2_k a_k
+        return value, z, a
+
+    def learn(self, idx_t: torch.Tensor, z_t: torch.Tensor, a_t: torch.Tensor, decay: torch.Tensor, step: torch.Tensor):
+        """e <- decay e + grad V(s_t) (eq. 4), then theta <- theta + step e (eq. 1). idx_t (R, 21), z_t and a_t (R, Hd)
+        of s_t under the theta that gave delta; decay, step (R,)."""
+        Hd = self.Hd
+        c = self.c * decay
+        fold = c < self.fold_below
+        if bool(fold.any()):
+            ids = fold.nonzero().squeeze(1)
+            sub = self.table[ids]  # (n, F + 1, 2 Hd)
+            sub[..., :Hd].addcmul_(sub[..., Hd:], self.A[ids].view(-1, 1, 1))
+            sub[..., Hd:].mul_(c[ids].view(-1, 1, 1))
+            self.table[ids] = sub
+            c = torch.where(fold, 1.0, c)
+            self.A.masked_fill_(fold, 0.0)
+        self.c = c
+        da = self._by_group(lambda name, x: activation_and_derivative(name, x)[1], z_t)
+        g = self.v[:, :Hd] * da / c[:, None]  # dV/dz_k = w2_k a'(z_k) (eq. 11, 12), divided by c
+        values = torch.cat([g * -self.A[:, None], g], -1)  # (R, 2 Hd): U -= A g / c, E += g / c
+        K = idx_t.shape[-1]
+        rows = (idx_t + self.row_offsets[:, 0]).view(-1)
+        self.table.view(-1, 2 * Hd).index_add_(
+            0, rows, values[:, None, :].expand(self.R, K, 2 * Hd).reshape(-1, 2 * Hd)
+        )
+        self.ev.mul_(decay[:, None])
+        self.ev[:, :Hd] += a_t
+        self.ev[:, Hd] += 1.0
+        self.A += step * c
+        self.v.addcmul_(self.ev, step[:, None])
+
+    def parameters(self) -> dict[str, torch.Tensor]:
+        """theta as init_shallow's dict: W1 (R, F, Hd), b1 (R, Hd), w2 (R, Hd), b2 (R,)."""
+        W = torch.addcmul(self.table[..., : self.Hd], self.table[..., self.Hd :], self.A.view(-1, 1, 1))
+        return {"W1": W[:, : self.F], "b1": W[:, self.F], "w2": self.v[:, : self.Hd], "b2": self.v[:, self.Hd]}
+
+    def eligibility(self) -> dict[str, torch.Tensor]:
+        """e as update_traces_and_params holds it."""
+        E = self.table[..., self.Hd :] * self.c.view(-1, 1, 1)
+        return {"W1": E[:, : self.F], "b1": E[:, self.F], "w2": self.ev[:, : self.Hd], "b2": self.ev[:, self.Hd]}
+
+
+def td_reward(holes_next, game_over, holes_current, holes_scale: float, timing: str) -> torch.Tensor:
+    """The reward in delta_t = r + gamma V(s_{t+1}) - V(s_t), with r(s) = exp(-holes(s) / holes_scale) (eq. 16, 17).
+
+    'next' (default, tetris.md §0): r(s_{t+1}), the afterstate moved into, 0 when the move ends the game (no
+    afterstate). 'current': r(s_t), the paper's r_t read literally, so V(s) also holds r(s) and a terminal move still
+    earns r(s_t). Selection (eq. 14) is on V(f(s, a)) either way.
+    """
+    if timing == "current":
+        return torch.exp(-holes_current.float() / holes_scale)
+    return torch.exp(-holes_next.float() / holes_scale).masked_fill(game_over, 0.0)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # Deep network on the raw board (§3.1), batched over runs with torch.func
 # ----------------------------------------------------------------------------------------------------------------------
+def same_pad(size: int, kernel: int = 3, stride: int = 2) -> tuple[int, int]:
+    """TensorFlow 'SAME': output ceil(size / stride), total padding max((out - 1) stride + kernel - size, 0), split
+    floor before (top / left) and ceil after (bottom / right). 5 -> 3 pads (1, 1); 20 -> 10 and 10 -> 5 pad (0, 1)."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + kernel - size, 0)
+    return total // 2, total - total // 2
+
+
 def same_max_pool(x: torch.Tensor) -> torch.Tensor:
-    """3x3 max-pooling with stride 2 and 'same' output size ceil(n/2), padding the bottom and right with -inf as
-    TensorFlow's 'SAME' pooling does (so 20x10 -> 10x5 -> 5x3, the sizes of tetris.md §0)."""
-    h, w = x.shape[-2:]
-    pad_h, pad_w = max(2 * ((h + 1) // 2 - 1) + 3 - h, 0), max(2 * ((w + 1) // 2 - 1) + 3 - w, 0)
-    return F.max_pool2d(F.pad(x, (0, pad_w, 0, pad_h), value=float("-inf")), 3, 2)
+    """3x3 max-pooling with stride 2 and TensorFlow's 'SAME' padding (`same_pad`, -inf in the padding), output
+    ceil(n/2): 20x10 -> 10x5 -> 5x3, the sizes of tetris.md §0."""
+    (top, bottom), (left, right) = same_pad(x.shape[-2]), same_pad(x.shape[-1])
+    return F.max_pool2d(F.pad(x, (left, right, top, bottom), value=float("-inf")), 3, 2)
 
 
 class DeepValueNet(nn.Module):
@@ -431,7 +581,7 @@ def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------------------------------
 def architecture(args: Args) -> dict:
     height, width, _ = VARIANTS[ENV_VARIANTS[args.env_id]]
-    arch = {"network": args.network, "activation": args.activation, "height": height, "width": width}
+    arch = {"network": args.network, "activation": "+".join(args.activation), "height": height, "width": width}
     if args.network == "shallow":
         arch["hidden"] = args.hidden
     return arch
@@ -532,6 +682,36 @@ def write_learning_curve(run_dir, scores, counts, block, title, paper_score=None
     plt.close(fig)
 
 
+def write_combined_curve(run_dir, per_group, scores, counts, groups, args):
+    """Fig. 2 with every activation: the mean over runs per 1,000 episodes (per tenth of the budget before that)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    block = 1000 if counts.min() >= 1000 else max(int(counts.min()) // 10, 1)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for act, a, b in groups:
+        means = block_means(scores[a:b], counts[a:b], block)
+        if means.shape[1] == 0:
+            continue
+        complete = ~np.isnan(means).any(0)
+        x = (np.arange(means.shape[1]) + 1) * block
+        info = per_group[act]
+        final = info.get("final_score_mean", float("nan"))
+        label = f"{act} ({b - a} runs; final {final:.0f}, paper {info['paper_final_score']})"
+        (line,) = ax.plot(x[complete], means[:, complete].mean(0), lw=2, label=label)
+        if info["paper_final_score"] is not None:
+            ax.axhline(info["paper_final_score"], color=line.get_color(), ls=":", lw=1)
+    ax.set_xlabel("episode")
+    ax.set_ylabel(f"mean score per {block} episodes, mean over runs")
+    ax.set_title(f"{args.env_id} {args.network}, {int(counts.min()):,} episodes per run (dotted: paper, 200k)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(run_dir, "learning_curves.png"), dpi=110)
+    plt.close(fig)
+
+
 def write_value_analysis(run_dir, episodes, gamma):
     """§4.1 / Fig. 6: V(s_t) against R_t along episodes, and (1/T) sum_t (V(s_t) - R_t) per episode."""
     rows = []
@@ -588,6 +768,42 @@ def fmt_time(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
 
 
+def eta_seconds(remaining_episodes: np.ndarray, recent_length: np.ndarray, placements_per_second: float) -> float:
+    """Seconds left if every remaining episode of run r is as long as run r's recent mean length, at the current
+    placement rate: sum_r remaining_r length_r / rate. Episodes lengthen as the agent learns, so while the curve still
+    rises this is a lower bound (the progress line says so)."""
+    remaining = float(np.sum(np.maximum(remaining_episodes, 0) * recent_length))
+    if remaining == 0:
+        return 0.0
+    return remaining / placements_per_second if placements_per_second > 0 else float("inf")
+
+
+def score_summary(scores: np.ndarray, counts: np.ndarray, final_window: int) -> dict:
+    """Table 1's statistics over each run's final `final_window` episodes (fewer if a run has not played them).
+
+    final_score_mean ± final_score_sd_episodes is the paper's "mean ± sd": the standard deviation of the episode
+    scores of the final window, all runs' episodes pooled (for one run, e.g. the best: 235 ± 54, that run's own
+    episodes). The spread of the per-run means is kept apart as final_score_std_over_runs.
+    """
+    window = min(final_window, int(counts.min())) if len(counts) else 0
+    if window == 0:
+        return {"final_window": 0}
+    last = np.stack([scores[r, c - window : c] for r, c in enumerate(counts)])  # (R, window)
+    per_run = last.mean(1)
+    best = int(per_run.argmax())
+    return {
+        "final_window": window,
+        "final_score_per_run": per_run.tolist(),
+        "final_score_mean": float(per_run.mean()),
+        "final_score_sd_episodes": float(last.std()),
+        "final_score_sd_episodes_per_run": last.std(1).tolist(),
+        "final_score_std_over_runs": float(per_run.std()),
+        "final_score_best_run": float(per_run[best]),
+        "final_score_best_run_index": best,
+        "final_score_best_run_sd_episodes": float(last[best].std()),
+    }
+
+
 def main(args: Args) -> dict:
     args = fill_defaults(args)
     error = validate(args)
@@ -611,7 +827,8 @@ def main(args: Args) -> dict:
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
     env_name = args.env_id.split("/")[-1]
-    run_name = f"{env_name}__{args.exp_name}__{args.network}-{args.activation}__{args.seed}__{int(time.time())}"
+    act_name = "+".join(args.activation)
+    run_name = f"{env_name}__{args.exp_name}__{args.network}-{act_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join("runs", run_name)
     os.makedirs(run_dir, exist_ok=True)
     if args.track:
@@ -632,28 +849,38 @@ def main(args: Args) -> dict:
         "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
     )
 
+    # --- runs: --num-runs per activation, activation i owning runs [i n, (i + 1) n) ---
+    n = args.num_runs
+    groups = [(act, i * n, (i + 1) * n) for i, act in enumerate(args.activation)]
+    R = n * len(groups)
+
+    def run_tag(r):
+        return f"run{r}" if len(groups) == 1 else f"{args.activation[r // n]}/run{r % n}"
+
     # --- environment: the batched afterstate engine (the same rules as the Gymnasium env) ---
     height, width, piece_set = VARIANTS[ENV_VARIANTS[args.env_id]]
-    engine = AfterstateEngine(height, width, piece_set, device=device)
+    shallow = args.network == "shallow"
+    # The shallow agent needs every placement's heights and holes but only the chosen board: column bits suffice.
+    engine = (ColumnEngine if shallow else AfterstateEngine)(height, width, piece_set, device=device)
     pieces_tensor = torch.tensor(piece_set, device=device)
-    R, P = args.num_runs, engine.num_placements
+    P = engine.num_placements
     rng = torch.Generator(device=device).manual_seed(args.seed)
     runs = torch.arange(R, device=device)
 
     # --- network ---
-    if args.network == "shallow":
-        params = init_shallow(R, binary_feature_length(height, width), args.hidden, args.seed, device)
+    learner = None
+    if shallow:
+        F_ = binary_feature_length(height, width)
+        init = [init_shallow(n, F_, args.hidden, args.seed, device) for _ in groups]  # run i from seed + i
+        params = {k: torch.cat([p[k] for p in init]) for k in init[0]}
 
-        def encode(after):  # Afterstates -> (R, P, 20) active feature indices
-            return binary_feature_indices(after.features(), height)
+        def encode(after):  # Afterstates -> (R, P, 21) active input rows (20 features + the bias)
+            return shallow_indices(after.heights, after.holes, height)
 
-        def value(states):
-            return shallow_value(params, states, args.activation)
-
-        def value_and_grad(states):
-            return shallow_value_and_grad(params, states, args.activation)
+        empty_board = torch.zeros(width, dtype=torch.long, device=device)  # column bits
+        empty_state = shallow_indices(empty_board, empty_board.sum(), height)
     else:
-        params, base = init_deep(R, height, width, args.activation, args.seed, device)
+        params, base = init_deep(R, height, width, args.activation[0], args.seed, device)
 
         def encode(after):  # Afterstates -> (R, P, H, W) raw boards
             return after.boards
@@ -664,26 +891,37 @@ def main(args: Args) -> dict:
         def value_and_grad(states):
             return deep_value_and_grad(params, states, base)
 
+        empty_board = torch.zeros(height, width, dtype=torch.uint8, device=device)
+        empty_state = empty_board
+
     episodes = torch.zeros(R, dtype=torch.long, device=device)  # i in eq. 15, per run
     if ckpt is not None:
         for k in params:
             params[k].copy_(ckpt["params"][k].to(device))
         episodes = ckpt["episodes"].to(device)
         print(f"loaded {args.resume} (episodes per run: {episodes.tolist()})")
-    eligibility = {k: torch.zeros_like(v) for k, v in params.items()}
+    if shallow:
+        learner = ShallowTD(params, groups)
+
+        def value(states):
+            return learner.values(states)[0]
+
+        def current_params():
+            return learner.parameters()
+    else:
+        eligibility = {k: torch.zeros_like(v) for k, v in params.items()}
+
+        def current_params():
+            return params
+
     num_params = sum(v[0].numel() for v in params.values())
     print(
-        f"{run_name}: {R} run(s) of a {args.network} {args.activation} net ({num_params:,} parameters each) on "
-        f"{args.env_id}, {P} placements per piece, device {device}"
+        f"{run_name}: {n} run(s) each of a {args.network} {' / '.join(args.activation)} net ({num_params:,} parameters "
+        f"each) on {args.env_id}, {P} placements per piece, device {device}, {torch.get_num_threads()} torch thread(s)"
     )
 
     def new_pieces():
         return pieces_tensor[torch.randint(len(piece_set), (R,), generator=rng, device=device)]
-
-    empty_board = torch.zeros(height, width, dtype=torch.uint8, device=device)
-    empty_state = (
-        binary_feature_indices(bertsekas_features(empty_board), height) if args.network == "shallow" else empty_board
-    )
 
     # --- training: every run plays its own game; tensors carry the run dimension ---
     # Episode i of run r is stored at scores[r, i] (i counts from the first training segment, so a resumed run
@@ -694,10 +932,11 @@ def main(args: Args) -> dict:
     scores = torch.zeros(R, capacity, device=device)  # score (rows cleared) of each finished episode
     lengths = torch.zeros(R, capacity, dtype=torch.long, device=device)  # placements of each finished episode
     if ckpt is not None:
-        n = ckpt["scores"].shape[1]
-        scores[:, :n], lengths[:, :n] = ckpt["scores"].to(device), ckpt["lengths"].to(device)
-    boards = empty_board.expand(R, height, width).clone()  # s_t: the current afterstate (empty board at the start)
-    states = empty_state.expand(R, *empty_state.shape).clone()  # its network input (feature indices or board)
+        k = ckpt["scores"].shape[1]
+        scores[:, :k], lengths[:, :k] = ckpt["scores"].to(device), ckpt["lengths"].to(device)
+    boards = empty_board.expand(R, *empty_board.shape).clone()  # s_t: the current afterstate (empty at the start)
+    states = empty_state.expand(R, *empty_state.shape).clone()  # its network input (input rows or board)
+    holes_now = torch.zeros(R, dtype=torch.long, device=device)  # holes(s_t), for --reward-timing current
     pieces = new_pieces()
     score = torch.zeros(R, device=device)
     length = torch.zeros(R, dtype=torch.long, device=device)
@@ -709,38 +948,57 @@ def main(args: Args) -> dict:
     t_log = t_checkpoint = t_start
     logged = start_episode.cpu().numpy().copy()  # finished episodes already written to tensorboard, per run
     active = episodes < target
+    num_active = int(active.sum())
     interrupted = False
     summary = {"args": asdict(args), "run_name": run_name, "device": str(device), "num_parameters_per_run": num_params}
+    summary["torch_threads"] = torch.get_num_threads()
 
     def write_outputs(complete: bool):
-        """summary.json, episodes.npz, the learning curve and (with --save-model) the checkpoint: at the end and
-        every --write-every-minutes, so a long run that is stopped keeps what it learned."""
+        """summary.json, episodes.npz, the learning curve and (with --save-model) the checkpoint, per activation: at
+        the end and every --write-every-minutes, so a long run that is stopped keeps what it learned. A run whose
+        parameters are no longer finite writes no checkpoint: the last good one stays."""
         elapsed = time.time() - t_start
-        counts = episodes.cpu().numpy()
-        sc, ln = scores.cpu().numpy(), lengths.cpu().numpy()
-        window = min(args.final_window, int(counts.min()))
-        final = np.array([sc[r, c - window : c].mean() for r, c in enumerate(counts)]) if window else np.zeros(R)
+        counts_all = episodes.cpu().numpy()
+        sc_all, ln_all = scores.cpu().numpy(), lengths.cpu().numpy()
+        theta = current_params()
+        finite = all(bool(torch.isfinite(v).all()) for v in theta.values())
+        if not finite:
+            bad = sorted({int(r) for v in theta.values() for r in (~torch.isfinite(v)).flatten(1).any(1).nonzero()})
+            summary["diverged"] = f"non-finite parameters in run(s) {', '.join(run_tag(r) for r in bad)}"
         summary.update(
             complete=complete,
             global_step=placements,
-            episodes_per_run=counts.tolist(),
-            placements_per_run=[int(ln[r, : counts[r]].sum()) for r in range(R)],
             wall_time=elapsed,
             sps=placements / max(elapsed, 1e-9),
-            final_window=window,
-            final_score_per_run=final.tolist(),
-            final_score_mean=float(final.mean()),
-            final_score_std_over_runs=float(final.std()),
-            final_score_best_run=float(final.max()),
-            paper_final_score=PAPER_FINAL_SCORES.get((args.env_id, args.network, args.activation)),
         )
-        np.savez_compressed(os.path.join(run_dir, "episodes.npz"), scores=sc, lengths=ln, episodes=counts)
-        block = 1000 if counts.min() >= 1000 else max(int(counts.min()) // 10, 1)
-        title = f"{args.env_id} {args.network} {args.activation}, {R} run(s), {int(counts.min()):,} episodes"
-        write_learning_curve(run_dir, sc, counts, block, title, summary["paper_final_score"])
-        if args.save_model:
+        per_group = {}
+        for act, a, b in groups:
+            counts, sc, ln = counts_all[a:b], sc_all[a:b], ln_all[a:b]
+            out_dir = run_dir if len(groups) == 1 else os.path.join(run_dir, act)
+            os.makedirs(out_dir, exist_ok=True)
+            info = {
+                "activation": act,
+                "episodes_per_run": counts.tolist(),
+                "placements_per_run": [int(ln[r, : counts[r]].sum()) for r in range(b - a)],
+                **score_summary(sc, counts, args.final_window),
+                "paper_final_score": PAPER_FINAL_SCORES.get((args.env_id, args.network, act)),
+            }
+            per_group[act] = info
+            np.savez_compressed(os.path.join(out_dir, "episodes.npz"), scores=sc, lengths=ln, episodes=counts)
+            block = 1000 if counts.min() >= 1000 else max(int(counts.min()) // 10, 1)
+            title = f"{args.env_id} {args.network} {act}, {b - a} run(s), {int(counts.min()):,} episodes"
+            write_learning_curve(out_dir, sc, counts, block, title, info["paper_final_score"])
+            if len(groups) > 1:
+                with open(os.path.join(out_dir, "summary.json"), "w") as f:
+                    json.dump({**summary, **info}, f, indent=2)
+        if len(groups) == 1:
+            summary.update(per_group[args.activation[0]])
+        else:
+            summary["per_activation"] = per_group
+            write_combined_curve(run_dir, per_group, sc_all, counts_all, groups, args)
+        if args.save_model and finite:
             path = os.path.join(run_dir, "td_lambda_tetris.pt")
-            save_checkpoint(path, args, params, episodes, scores, lengths)
+            save_checkpoint(path, args, theta, episodes, scores, lengths)
             summary["checkpoint"] = path
         with open(os.path.join(run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
@@ -749,74 +1007,99 @@ def main(args: Args) -> dict:
         raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    gamma_lambda = torch.tensor(args.gamma * args.lam, device=device)
     try:
-        while bool(active.any()):
+        while num_active:
             tau = temperature(episodes.float(), args.tau0, args.tau_k)
-            v_t, grad_t = value_and_grad(states)  # V(s_t), grad V(s_t) with the current theta_t
             after = engine(boards, pieces)  # every placement's afterstate f(s_t, a)
             cand_states = encode(after)
-            # Afterstates where the piece does not fit are terminal: V = 0 and no reward (tetris.md §0).
-            v_cand = value(cand_states).masked_fill(after.game_over, 0.0)
+            if shallow:  # V(s_t) and every V(f(s_t, a)) in one forward with the current theta_t
+                v_all, z, a = learner.values(torch.cat([cand_states, states[:, None]], 1))
+                v_t, v_cand = v_all[:, P], v_all[:, :P]
+            else:
+                v_t, grad_t = value_and_grad(states)  # V(s_t), grad V(s_t) with the current theta_t
+                v_cand = value(cand_states)
+            # Afterstates where the piece does not fit are terminal: V = 0 (tetris.md §0).
+            v_cand = v_cand.masked_fill(after.game_over, 0.0)
             uniform = torch.rand(R, P + 1, generator=rng, device=device)
             action, _ = select_placement(v_cand, tau, after.valid, uniform)
             game_over = after.game_over[runs, action]
-            reward = torch.exp(-after.holes[runs, action].float() / args.holes_scale)  # eq. 16, 17
-            reward = reward.masked_fill(game_over, 0.0)
+            holes_next = after.holes[runs, action]
+            reward = td_reward(holes_next, game_over, holes_now, args.holes_scale, args.reward_timing)
             td_error = reward + args.gamma * v_cand[runs, action] - v_t  # eq. 2 (V(s_{t+1}) = 0 when terminal)
-            decay = torch.where(first_step, 0.0, args.gamma * args.lam)
-            update_traces_and_params(params, eligibility, grad_t, decay, args.alpha * td_error * active)
+            decay = torch.where(first_step, 0.0, gamma_lambda)
+            step = args.alpha * td_error * active
+            if shallow:
+                learner.learn(states, z[:, P], a[:, P], decay, step)
+            else:
+                update_traces_and_params(params, eligibility, grad_t, decay, step)
             abs_td_sum += td_error.abs() * active
             abs_td_count += 1
 
             # --- advance the games; a finished game restarts from the empty board with e = 0 ---
             score += after.rows_cleared[runs, action]
             length += 1
-            placements += int(active.sum())  # pieces placed by runs still learning (finished runs idle along)
-            slot = episodes.clamp(max=capacity - 1)
-            record = game_over & active
-            scores[runs, slot] = torch.where(record, score, scores[runs, slot])
-            lengths[runs, slot] = torch.where(record, length, lengths[runs, slot])
-            episodes += record
-            active = episodes < target
-            boards = torch.where(game_over[:, None, None], empty_board, after.boards[runs, action])
+            placements += num_active  # pieces placed by runs still learning (finished runs idle along)
+            over = game_over[:, None] if shallow else game_over[:, None, None]
+            boards = torch.where(over, empty_board, after.boards[runs, action])
             states = torch.where(game_over.view(-1, *[1] * (states.dim() - 1)), empty_state, cand_states[runs, action])
-            score.masked_fill_(game_over, 0)
-            length.masked_fill_(game_over, 0)
+            holes_now = holes_next.masked_fill(game_over, 0)
+            if bool(game_over.any()):
+                slot = episodes.clamp(max=capacity - 1)
+                record = game_over & active
+                scores[runs, slot] = torch.where(record, score, scores[runs, slot])
+                lengths[runs, slot] = torch.where(record, length, lengths[runs, slot])
+                episodes += record
+                active = episodes < target
+                num_active = int(active.sum())
+                score.masked_fill_(game_over, 0)
+                length.masked_fill_(game_over, 0)
             first_step = game_over
             pieces = new_pieces()
 
             now = time.time()
-            if now - t_log >= args.log_every_seconds or not bool(active.any()):
+            if now - t_log >= args.log_every_seconds or not num_active:
                 done = episodes.cpu().numpy()
-                sc = scores.cpu().numpy()
+                sc, ln = scores.cpu().numpy(), lengths.cpu().numpy()
                 sps = placements / (now - t_start)
+                if not bool(torch.isfinite(abs_td_sum).all()):
+                    bad = (~torch.isfinite(abs_td_sum)).nonzero().flatten().tolist()
+                    summary["diverged"] = f"non-finite TD error in run(s) {', '.join(run_tag(r) for r in bad)}"
+                    break
                 for r in range(R):
+                    tag = run_tag(r)
                     for ep in range(logged[r], done[r]):
-                        writer.add_scalar(f"run{r}/episode_score", sc[r, ep], ep)
+                        writer.add_scalar(f"{tag}/episode_score", sc[r, ep], ep)
                         if (ep + 1) % 1000 == 0:
-                            writer.add_scalar(f"run{r}/mean_score_1000", sc[r, ep - 999 : ep + 1].mean(), ep + 1)
-                    writer.add_scalar(f"run{r}/temperature", float(tau[r]), int(done[r]))
-                    writer.add_scalar(f"run{r}/abs_td_error", float(abs_td_sum[r]) / max(abs_td_count, 1), int(done[r]))
+                            writer.add_scalar(f"{tag}/mean_score_1000", sc[r, ep - 999 : ep + 1].mean(), ep + 1)
+                    writer.add_scalar(f"{tag}/temperature", float(tau[r]), int(done[r]))
+                    writer.add_scalar(f"{tag}/abs_td_error", float(abs_td_sum[r]) / max(abs_td_count, 1), int(done[r]))
                 logged = done.copy()
                 abs_td_sum.zero_()
                 abs_td_count = 0
                 writer.add_scalar("charts/placements_per_second", sps, placements)
-                recent = [sc[r, max(0, done[r] - 1000) : done[r]].mean() for r in range(R) if done[r] > 0]
-                mean_recent = float(np.mean(recent)) if recent else float("nan")
+                recent_len = np.array([ln[r, max(0, d - 100) : d].mean() if d else 0.0 for r, d in enumerate(done)])
+                recent = [
+                    f"{act} {np.mean([sc[r, max(0, done[r] - 1000) : done[r]].mean() for r in range(a_, b_)]):.2f}"
+                    if done[a_:b_].min() > 0
+                    else f"{act} -"
+                    for act, a_, b_ in groups
+                ]
                 progress = int(done.min())
-                rate = (done - start_episode.cpu().numpy()).min() / (now - t_start)
-                eta = (args.total_episodes - progress) / rate if rate > 0 else float("inf")
+                eta = eta_seconds(args.total_episodes - done, recent_len, sps)
                 print(
                     f"episodes {int(progress):,}/{args.total_episodes:,} (slowest run) | placements {placements:,} | "
-                    f"{sps:,.0f} placements/s | mean score, last 1000 ep. {mean_recent:.2f} | "
-                    f"tau {float(tau.mean()):.4f} | ETA {fmt_time(eta) if math.isfinite(eta) else '?'} "
-                    "(at the current episode rate)",
+                    f"{sps:,.0f} placements/s | mean score, last 1000 ep.: {', '.join(recent)} | "
+                    f"tau {float(tau.mean()):.4f} | ETA >= {fmt_time(eta) if math.isfinite(eta) else '?'} "
+                    "(lower bound: the last 100 episodes' length at this rate; episodes lengthen as the agent learns)",
                     flush=True,
                 )
                 t_log = now
                 if now - t_checkpoint >= 60 * args.write_every_minutes:
                     write_outputs(complete=False)
                     t_checkpoint = now
+                    if "diverged" in summary:
+                        break
     except KeyboardInterrupt:
         interrupted = True
         print("interrupted: writing the summary, the learning curve and (with --save-model) the checkpoint")
@@ -825,25 +1108,55 @@ def main(args: Args) -> dict:
             signal.signal(sig, handler)
 
     if args.total_episodes > 0:
-        write_outputs(complete=not interrupted)
+        write_outputs(complete=not interrupted and "diverged" not in summary)
+        if "diverged" in summary:
+            writer.close()
+            kept = f"; the last good checkpoint is {summary['checkpoint']}" if "checkpoint" in summary else ""
+            raise SystemExit(f"error: {summary['diverged']}: training stopped (summary.json written{kept})")
         for r in range(R):
-            writer.add_scalar(f"run{r}/final_score", summary["final_score_per_run"][r], int(episodes[r]))
-        print(
-            f"final mean score over the last {summary['final_window']} episodes: {summary['final_score_mean']:.2f} "
-            f"(runs: {', '.join(f'{v:.1f}' for v in summary['final_score_per_run'])}); "
-            f"paper: {summary['paper_final_score']}"
-        )
+            group = summary["per_activation"][args.activation[r // n]] if len(groups) > 1 else summary
+            writer.add_scalar(f"{run_tag(r)}/final_score", group["final_score_per_run"][r % n], int(episodes[r]))
+        for act, info in (summary.get("per_activation") or {args.activation[0]: summary}).items():
+            print(
+                f"{act}: final mean score over the last {info['final_window']} episodes: "
+                f"{info['final_score_mean']:.2f} ± {info['final_score_sd_episodes']:.2f} (sd of the episode scores; "
+                f"sd over runs {info['final_score_std_over_runs']:.2f}; runs: "
+                f"{', '.join(f'{v:.1f}' for v in info['final_score_per_run'])}); paper: {info['paper_final_score']}"
+            )
         if args.save_model:
             print(f"saved {summary['checkpoint']}")
     else:
         summary.update(global_step=0, wall_time=0.0, sps=0.0)
+        counts = episodes.cpu().numpy()
+        summary.update(score_summary(scores.cpu().numpy(), counts, args.final_window) if counts.min() > 0 else {})
         if args.save_model:
             summary["checkpoint"] = os.path.join(run_dir, "td_lambda_tetris.pt")
-            save_checkpoint(summary["checkpoint"], args, params, episodes, scores, lengths)
+            save_checkpoint(summary["checkpoint"], args, current_params(), episodes, scores, lengths)
 
-    # --- evaluation without learning: Table 3 and the value analysis of §4.1 ---
+    # --- evaluation without learning: Table 3 and the value analysis of §4.1, on --eval-run's runs ---
     if args.eval_episodes > 0:
-        final_tau = float(temperature(episodes.float(), args.tau0, args.tau_k).mean())
+        if args.eval_run == "all":
+            ids = list(range(R))
+        elif args.eval_run == "best":
+            counts = episodes.cpu().numpy()
+            if counts.min() == 0:
+                raise SystemExit("error: --eval-run best needs trained runs (a checkpoint with finished episodes)")
+            ids = [score_summary(scores.cpu().numpy(), counts, args.final_window)["final_score_best_run_index"]]
+        else:
+            ids = [int(args.eval_run)]
+        summary["eval_runs"] = ids
+        theta = {k: v[ids].clone() for k, v in current_params().items()}
+        if shallow:
+            eval_learner = ShallowTD(theta, [(args.activation[0], 0, len(ids))])
+
+            def eval_value(states):
+                return eval_learner.values(states)[0]
+        else:
+
+            def eval_value(states):
+                return deep_value(theta, states, base)
+
+        final_tau = float(temperature(episodes[ids].float(), args.tau0, args.tau_k).mean())
         summary["eval"] = {}
         value_episodes = []
         for k, rule in enumerate(args.eval_selections):
@@ -852,10 +1165,10 @@ def main(args: Args) -> dict:
                 args,
                 engine,
                 encode,
-                value,
+                eval_value,
                 kind,
                 x,
-                R,
+                len(ids),
                 device,
                 empty_board,
                 empty_state,
@@ -867,8 +1180,9 @@ def main(args: Args) -> dict:
                 value_episodes = values_collected
             summary["eval"][f"{kind}:{x:g}"] = result
             print(
-                f"eval {kind} {x:g}: mean score {result['mean_score']:.2f} over {result['episodes']} episodes, "
-                f"{result['exploratory_actions_per_episode']:.2f} exploratory actions per episode"
+                f"eval {kind} {x:g} (run(s) {', '.join(map(str, ids))}): mean score {result['mean_score']:.2f} over "
+                f"{result['episodes']} episodes, {result['exploratory_actions_per_episode']:.2f} exploratory actions "
+                "per episode"
             )
         if value_episodes:
             summary["value_analysis"] = write_value_analysis(run_dir, value_episodes, args.gamma)
@@ -885,12 +1199,12 @@ def evaluate(
     args, engine, encode, value, kind, x, R, device, empty_board, empty_state, pieces_tensor, collect_values=0
 ):
     """Play args.eval_episodes episodes per run without learning, with softmax at tau = x or epsilon-greedy with
-    epsilon = x. Returns mean score and exploratory actions per episode (Table 3); records V(s_t) and r_{t+1} along
-    the first `collect_values` episodes for the value analysis (§4.1)."""
-    height, width = empty_board.shape
+    epsilon = x. Returns mean score and exploratory actions per episode (Table 3); records V(s_t) and the reward of
+    delta_t along each run's first ceil(collect_values / R) complete episodes for the value analysis (§4.1): whole
+    episodes per run, so the sample does not favour the short episodes that finish first."""
     rng = torch.Generator(device=device).manual_seed(args.seed + 10_000)
     runs = torch.arange(R, device=device)
-    boards = empty_board.expand(R, height, width).clone()
+    boards = empty_board.expand(R, *empty_board.shape).clone()
     states = empty_state.expand(R, *empty_state.shape).clone()
     pieces = pieces_tensor[torch.randint(len(pieces_tensor), (R,), generator=rng, device=device)]
     tau = torch.full((R,), x if kind == "softmax" else 1.0, device=device)
@@ -900,6 +1214,8 @@ def evaluate(
     results_score, results_explore = [[] for _ in range(R)], [[] for _ in range(R)]
     traj = [([], []) for _ in range(R)]
     value_episodes = []
+    quota = min(-(-collect_values // R), args.eval_episodes)  # value-analysis episodes per run
+    holes_now = torch.zeros(R, dtype=torch.long, device=device)
     while done.min() < args.eval_episodes:
         v_t = value(states[:, None])[:, 0] if collect_values else None
         after = engine(boards, pieces)
@@ -912,9 +1228,9 @@ def evaluate(
         game_over = after.game_over[runs, action]
         score += after.rows_cleared[runs, action]
         explore += exploratory
+        holes_next = after.holes[runs, action]
         if collect_values:
-            holes = after.holes[runs, action].float()
-            reward = torch.exp(-holes / args.holes_scale).masked_fill(game_over, 0.0)
+            reward = td_reward(holes_next, game_over, holes_now, args.holes_scale, args.reward_timing)
             for r in range(R):
                 traj[r][0].append(float(v_t[r]))
                 traj[r][1].append(float(reward[r]))
@@ -923,12 +1239,14 @@ def evaluate(
             if done[r] < args.eval_episodes:
                 results_score[r].append(float(score[r]))
                 results_explore[r].append(float(explore[r]))
-                if len(value_episodes) < collect_values:
+                if done[r] < quota:
                     value_episodes.append((int(r), traj[r][0], traj[r][1]))
             done[r] += 1
             traj[r] = ([], [])
-        boards = torch.where(game_over[:, None, None], empty_board, after.boards[runs, action])
+        over = game_over.view(-1, *[1] * (boards.dim() - 1))
+        boards = torch.where(over, empty_board, after.boards[runs, action])
         states = torch.where(game_over.view(-1, *[1] * (states.dim() - 1)), empty_state, cand_states[runs, action])
+        holes_now = holes_next.masked_fill(game_over, 0)
         score.masked_fill_(game_over, 0)
         explore.masked_fill_(game_over, 0)
         pieces = pieces_tensor[torch.randint(len(pieces_tensor), (R,), generator=rng, device=device)]

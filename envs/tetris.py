@@ -267,6 +267,99 @@ class AfterstateEngine:
         return Afterstates(after, rows_cleared, game_over, self.valid[pieces], new_heights, new_holes)
 
 
+def boards_to_columns(boards: torch.Tensor) -> torch.Tensor:
+    """(..., H, W) 0/1 boards -> (..., W) int64 column bits: bit y of column j is the cell y rows above the floor."""
+    height = boards.shape[-2]
+    bit = 1 << torch.arange(height - 1, -1, -1, device=boards.device)  # row 0 (the top) is bit H-1
+    return (boards.long() * bit[:, None]).sum(-2)
+
+
+def columns_to_boards(columns: torch.Tensor, height: int) -> torch.Tensor:
+    """(..., W) column bits -> (..., H, W) uint8 boards with row 0 at the top (the inverse of boards_to_columns)."""
+    bit = torch.arange(height - 1, -1, -1, device=columns.device)
+    return ((columns[..., None, :] >> bit[:, None]) & 1).to(torch.uint8)
+
+
+class ColumnEngine:
+    """`AfterstateEngine`'s rules on boards held as column bits: (B, W) int64, bit y = the cell y rows above the floor.
+
+    Built for the shallow agents, which need every placement's heights, holes, rows cleared and game-over flag but
+    only the chosen placement's board. A board is 10 integers, so every placement's afterstate is (B, P, W) integers
+    and the whole call is ~40 small tensor operations with no scatter and no sort:
+
+    - drop: y0 = max_j(h[c+j] - bottom[j]) as in AfterstateEngine; the piece is OR-ed in as per-column masks << y0;
+    - full rows: only the piece's own rows y0 + d can fill; row d is full iff (cells of the board in that row) +
+      (cells of the piece in that row, a table entry) = W;
+    - clears: each full row y is cut out of every column, (col & (2^y - 1)) | ((col >> 1) & ~(2^y - 1)), the highest
+      row first so the lower rows keep their index;
+    - heights: the bit length of each column (frexp's exponent, exact below 2^24); holes: the sum of heights minus the
+      cells, which are known without a scan (before + 4 for a piece that fits - W per cleared row).
+
+    tests/test_tetris_rules.py checks every output against AfterstateEngine on boards from random play.
+    """
+
+    def __init__(self, height: int = 20, width: int = 10, pieces=tuple(range(7)), device="cpu", num_placements=None):
+        if height > 24:
+            raise ValueError("ColumnEngine holds a column in the exact integer range of a float32 (height <= 24)")
+        self.height, self.width, self.device = height, width, torch.device(device)
+        if num_placements is None:
+            num_placements = max(len(placements(p, width)) for p in pieces)
+        self.num_placements = P = num_placements
+        D = max(max(r for r, _ in shape) + 1 for p in pieces for shape in rotations(p))  # rows a piece spans
+        self.piece_rows = D
+        big = 10**6
+        bottom = torch.full((7, P, width), big, dtype=torch.long)  # lowest cell per column above the box bottom
+        bottom[:, :, 0] = 0  # undefined slots: never fit (box height big), change nothing
+        mask = torch.zeros(7, P, width, dtype=torch.long)  # the piece's cells per column, bit d = d rows above y0
+        box_height = torch.full((7, P, 1), big, dtype=torch.long)
+        row_cells = torch.zeros(7, P, D, dtype=torch.long)  # the piece's cells in its row d
+        valid = torch.zeros(7, P, dtype=torch.bool)
+        for piece in pieces:  # only the variant's pieces: D rows may be too few for the others
+            shapes = rotations(piece)
+            for p, (rot, left) in enumerate(placements(piece, width)[:P]):
+                shape = shapes[rot]
+                h = max(r for r, _ in shape) + 1
+                valid[piece, p] = True
+                box_height[piece, p, 0] = h
+                bottom[piece, p, 0] = big
+                for r, c in shape:
+                    d = h - 1 - r
+                    mask[piece, p, left + c] |= 1 << d
+                    bottom[piece, p, left + c] = min(int(bottom[piece, p, left + c]), d)
+                    row_cells[piece, p, d] += 1
+        self.valid = valid.to(self.device)
+        # one gather per call: [bottom (W) | mask (W) | box height (1) | cells per piece row (D)]
+        self.table = torch.cat([bottom, mask, box_height, row_cells], -1).to(self.device)
+        self.rows = torch.arange(height, device=self.device)  # bit index = rows above the floor
+        self.piece_row_offsets = torch.arange(D, device=self.device)
+
+    def __call__(self, columns: torch.Tensor, pieces: torch.Tensor) -> Afterstates:
+        """columns (B, W) int64, pieces (B,) long -> Afterstates whose `boards` are (B, P, W) column bits."""
+        B, W = columns.shape
+        H, P, D = self.height, self.num_placements, self.piece_rows
+        heights = torch.frexp(columns.float())[1].long()  # (B, W) bit lengths = column heights
+        row_fill = ((columns[:, :, None] >> self.rows) & 1).sum(1)  # (B, H) cells per row, from the floor
+        cells = row_fill.sum(-1, keepdim=True)  # (B, 1)
+        table = self.table[pieces]  # (B, P, 2W + 1 + D)
+        bottom, mask, box_height, row_cells = table.split([W, W, 1, D], -1)
+        y0 = (heights[:, None, :] - bottom).amax(-1, keepdim=True)  # (B, P, 1) resting row of the box's bottom
+        fits = y0 + box_height <= H
+        after = columns[:, None, :] | ((mask * fits) << y0)  # (B, P, W); a piece that does not fit adds nothing
+        piece_rows = y0 + self.piece_row_offsets  # (B, P, D) rows the piece spans, from the floor
+        fill = row_fill.gather(1, piece_rows.clamp(max=H - 1).view(B, P * D)).view(B, P, D) + row_cells
+        full = (fill == W) & fits  # (B, P, D)
+        rows_cleared = full.sum(-1)  # (B, P)
+        if bool(rows_cleared.any()):
+            low = torch.where(full, (1 << piece_rows) - 1, -1)  # -1 (all bits) where row d is not full: no change
+            for d in range(D - 1, -1, -1):  # the highest row first
+                keep = low[..., d : d + 1]
+                after = (after & keep) | ((after >> 1) & ~keep)
+        new_heights = torch.frexp(after.float())[1].long()  # (B, P, W)
+        new_cells = cells + 4 * fits[..., 0] - W * rows_cleared
+        new_holes = new_heights.sum(-1) - new_cells
+        return Afterstates(after, rows_cleared, ~fits[..., 0], self.valid[pieces], new_heights, new_holes)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # 4. The Gymnasium environment (its own NumPy simulation of the rules)
 # ----------------------------------------------------------------------------------------------------------------------

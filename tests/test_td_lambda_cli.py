@@ -73,7 +73,7 @@ def test_checkpoint_round_trip_is_exact_and_evaluation_runs(tmp_path, monkeypatc
 def test_deep_network_trains_a_few_episodes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     summary = run(network="deep", total_episodes=3, num_runs=2)
-    assert summary["args"]["activation"] == "silu-dsilu" and summary["args"]["alpha"] == 0.0001
+    assert summary["args"]["activation"] == ("silu-dsilu",) and summary["args"]["alpha"] == 0.0001
     assert summary["num_parameters_per_run"] == 15 * 25 + 15 + 50 * 15 * 25 + 50 + 750 * 250 + 250 + 251
 
 

@@ -166,3 +166,72 @@ def test_epsilon_greedy_selection_and_exploratory_count():
 def test_discounted_returns():
     r = np.array([1.0, 0.0, 2.0])
     assert np.allclose(td.discounted_returns(r, 0.5), [1 + 0.25 * 2, 0.5 * 2, 2.0])
+
+
+@pytest.mark.parametrize("groups", [[("dsilu", 0, 3)], [("dsilu", 0, 1), ("sigmoid", 1, 2), ("relu", 2, 3)]])
+def test_lazy_shallow_td_reproduces_the_dense_update_step_by_step(groups):
+    """ShallowTD (folded, lazily scaled traces, the training loop's path) against the reference pieces
+    shallow_value_and_grad + update_traces_and_params over 200 steps with episode starts and folds."""
+    torch.manual_seed(0)
+    R, F_, Hd, gamma_lambda, alpha = 3, 460, 50, 0.99 * 0.55, 0.01
+    params = td.init_shallow(R, F_, Hd, seed=0, device="cpu")
+    ref = {k: v.clone().double() for k, v in params.items()}
+    ref_e = {k: torch.zeros_like(v) for k, v in ref.items()}
+    fast = td.ShallowTD({k: v.double() for k, v in params.items()}, groups)
+    acts = [name for name, a, b in groups for _ in range(a, b)]
+    gen = torch.Generator().manual_seed(1)
+    folds = 0
+    for _ in range(200):
+        heights = torch.randint(0, 21, (R, 6, 10), generator=gen)
+        holes = torch.randint(0, 70, (R, 6), generator=gen)
+        idx = td.shallow_indices(heights, holes, 20)  # (R, 6, 21): last column the bias row F
+        assert (idx[..., -1] == F_).all()
+        value, z, a = fast.values(idx)
+        for r, act in enumerate(acts):
+            one = {k: v[r : r + 1] for k, v in ref.items()}
+            v_ref, grads = td.shallow_value_and_grad(one, idx[r : r + 1, -1, :20], act)
+            assert torch.allclose(value[r, -1], v_ref[0], atol=1e-9)
+            v_all = td.shallow_value(one, idx[r : r + 1, :, :20], act)
+            assert torch.allclose(value[r], v_all[0], atol=1e-9)
+            if r == 0:
+                all_grads = {k: [] for k in ref}
+            for k in ref:
+                all_grads[k].append(grads[k])
+        grads = {k: torch.cat(v) for k, v in all_grads.items() if k != "W1"}
+        grads["W1"] = (idx[:, -1, :20], torch.cat([g[1] for g in all_grads["W1"]]))
+        first = torch.rand(R, generator=gen) < 0.03
+        decay = torch.where(first, 0.0, gamma_lambda).double()
+        step = alpha * torch.randn(R, generator=gen).double()
+        folds += int(((fast.c * decay) < fast.fold_below).sum())
+        fast.learn(idx[:, -1], z[:, -1], a[:, -1], decay, step)
+        td.update_traces_and_params(ref, ref_e, grads, decay, step)
+    got, got_e = fast.parameters(), fast.eligibility()
+    for k in ref:
+        assert torch.allclose(got[k], ref[k], atol=1e-9), k
+        assert torch.allclose(got_e[k], ref_e[k], atol=1e-9), k
+    assert folds > 20  # the folds (and the d = 0 episode starts) were exercised
+
+
+def test_td_reward_timing():
+    holes_next, holes_now = torch.tensor([33, 0, 66]), torch.tensor([0, 33, 33])
+    over = torch.tensor([False, False, True])
+    nxt = td.td_reward(holes_next, over, holes_now, 33.0, "next")
+    assert torch.allclose(nxt, torch.tensor([math.exp(-1), 1.0, 0.0]))  # r(s_{t+1}), 0 on a terminal move
+    cur = td.td_reward(holes_next, over, holes_now, 33.0, "current")
+    assert torch.allclose(cur, torch.tensor([1.0, math.exp(-1), math.exp(-1)]))  # r(s_t), terminal or not
+
+
+def test_same_max_pool_is_tensorflow_same():
+    assert td.same_pad(5) == (1, 1) and td.same_pad(20) == (0, 1) and td.same_pad(10) == (0, 1)
+    assert td.same_pad(3) == (1, 1) and td.same_pad(4) == (0, 1)
+    x = torch.arange(25.0).view(1, 1, 5, 5)
+    out = td.same_max_pool(x)
+    assert out.shape == (1, 1, 3, 3)
+    # windows centred on rows/cols 0, 2, 4 with one cell of padding each side: max over rows r-1..r+1, cols c-1..c+1
+    expected = torch.tensor([[[6.0, 8.0, 9.0], [16.0, 18.0, 19.0], [21.0, 23.0, 24.0]]])
+    assert torch.equal(out[0], expected)
+    assert td.same_max_pool(torch.zeros(2, 15, 20, 10)).shape == (2, 15, 10, 5)
+    assert td.same_max_pool(torch.zeros(2, 50, 10, 5)).shape == (2, 50, 5, 3)
+    y = -torch.arange(50.0).view(1, 1, 10, 5)  # -inf padding never wins; last window: rows 8-9, cols 3-4
+    pooled = td.same_max_pool(y)
+    assert pooled[0, 0, 0, 0] == 0.0 and pooled[0, 0, 0, 1] == -1.0 and pooled[0, 0, -1, -1] == y[0, 0, 8, 3]

@@ -13,12 +13,15 @@ from envs.tetris import (
     MAX_PLACEMENTS,
     VARIANTS,
     AfterstateEngine,
+    ColumnEngine,
     I,
     O,
     S,
     TetrisEnv,
     Z,
     bertsekas_features,
+    boards_to_columns,
+    columns_to_boards,
     num_placements,
     placements,
     rotations,
@@ -225,3 +228,30 @@ def test_render_modes():
     env.reset(seed=0)
     frame = env.render()
     assert frame.shape == (320, 160, 3) and frame.dtype == np.uint8
+
+
+@pytest.mark.parametrize("variant", ["sz", "tetris10x10", "tetris"])
+def test_column_engine_equals_the_board_engine_along_random_play(variant):
+    """ColumnEngine (column bits, the shallow agents' engine) against AfterstateEngine on every placement of 64
+    boards for 300 moves of a hole-avoiding random player (many row clears, up to 4 at once on the 7-piece boards)."""
+    H, W, pieces = VARIANTS[variant]
+    old, new = AfterstateEngine(H, W, pieces), ColumnEngine(H, W, pieces)
+    B, gen = 64, torch.Generator().manual_seed(1)
+    boards = torch.zeros(B, H, W, dtype=torch.uint8)
+    piece_ids, runs = torch.tensor(pieces), torch.arange(B)
+    cleared = 0
+    for _ in range(300):
+        cur = piece_ids[torch.randint(len(pieces), (B,), generator=gen)]
+        a, b = old(boards, cur), new(boards_to_columns(boards), cur)
+        assert torch.equal(columns_to_boards(boards_to_columns(boards), H), boards)
+        assert torch.equal(a.game_over, b.game_over) and torch.equal(a.valid, b.valid)
+        v = a.valid
+        for field in ("rows_cleared", "heights", "holes"):
+            assert torch.equal(getattr(a, field)[v], getattr(b, field)[v]), field
+        assert torch.equal(columns_to_boards(b.boards, H)[v], a.boards[v])
+        cleared += int(a.rows_cleared[v].sum())
+        cost = (a.holes * 5 + a.heights.amax(-1)).float() + 3 * torch.rand(v.shape, generator=gen)
+        action = cost.masked_fill(~v | a.game_over, 1e9).argmin(-1)
+        over = a.game_over[runs, action]
+        boards = torch.where(over[:, None, None], 0, a.boards[runs, action]).to(torch.uint8)
+    assert cleared > 1000
