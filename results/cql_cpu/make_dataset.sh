@@ -10,6 +10,6 @@ resume=()
 ckpt=$(ls -t runs/*cql_dataset*/dqn_softmoe.pt 2>/dev/null | head -1 || true)
 [ -n "$ckpt" ] && resume=(--resume "$ckpt")
 OMP_NUM_THREADS=1 "$PY" "$ROOT/algos/dqn_softmoe.py" --env-id ALE/Breakout-v5 --encoder nature --moe none \
-  --num-envs 4 --replay-ratio 0.125 --total-timesteps 500000 --buffer-size 500000 \
+  --num-envs 4 --replay-ratio 0.03125 --total-timesteps 500000 --buffer-size 500000 \
   --save-replay dataset --save-replay-rows 100000 \
   --exp-name cql_dataset --save-model --checkpoint-replay --write-every-minutes 20 "${resume[@]}"
