@@ -963,7 +963,7 @@ def main(args: Args) -> dict:
         theta = current_params()
         finite = all(bool(torch.isfinite(v).all()) for v in theta.values())
         if not finite:
-            bad = sorted({int(r) for v in theta.values() for r in (~torch.isfinite(v)).flatten(1).any(1).nonzero()})
+            bad = sorted({int(r) for v in theta.values() for r in (~torch.isfinite(v)).reshape(R, -1).any(1).nonzero()})
             summary["diverged"] = f"non-finite parameters in run(s) {', '.join(run_tag(r) for r in bad)}"
         summary.update(
             complete=complete,

@@ -70,6 +70,58 @@ def test_checkpoint_round_trip_is_exact_and_evaluation_runs(tmp_path, monkeypatc
     assert history.shape == (2, 25) and torch.equal(history[:, :20], ckpt["scores"])  # the curve continues
 
 
+def test_several_activations_train_in_one_process_with_outputs_per_activation(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    summary = run(total_episodes=12, num_runs=2, activation=("dsilu", "relu"), save_model=True)
+    run_dir = tmp_path / "runs" / summary["run_name"]
+    assert set(summary["per_activation"]) == {"dsilu", "relu"}
+    for act, paper in (("dsilu", 263), ("relu", 191)):
+        info = json.loads((run_dir / act / "summary.json").read_text())
+        assert info["activation"] == act and info["paper_final_score"] == paper and info["episodes_per_run"] == [12, 12]
+        assert np.load(run_dir / act / "episodes.npz")["scores"].shape == (2, 12)
+        assert (run_dir / act / "learning_curve.png").exists()
+    assert (run_dir / "learning_curves.png").exists()
+    ckpt = torch.load(summary["checkpoint"], weights_only=True)
+    assert ckpt["params"]["W1"].shape == (4, 460, 50) and ckpt["architecture"]["activation"] == "dsilu+relu"
+    # runs 0 and 2 (the first of each activation) start from the same initial weights (seed + 0)
+    first = td.init_shallow(1, 460, 50, seed=1, device="cpu")["w2"][0]
+    assert not torch.equal(ckpt["params"]["w2"][0], first)  # trained
+    assert ckpt["params"]["w2"].shape == (4, 50)
+
+
+def test_eval_run_best_evaluates_the_run_with_the_highest_final_mean(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    trained = run(total_episodes=15, num_runs=3, save_model=True, final_window=5)
+    best = int(np.argmax(trained["final_score_per_run"]))
+    ckpt, greedy = trained["checkpoint"], ("epsilon:0",)
+    evaluated = run(resume=ckpt, num_runs=3, total_episodes=0, eval_episodes=2, eval_selections=greedy,
+                    eval_run="best", value_analysis_episodes=2, final_window=5)  # fmt: skip
+    assert evaluated["eval_runs"] == [best] and evaluated["eval"]["epsilon:0"]["episodes"] == 2
+    assert evaluated["value_analysis"]["episodes"] == 2  # two complete episodes of that one run
+    one = run(resume=trained["checkpoint"], num_runs=3, total_episodes=0, eval_episodes=1,
+              eval_selections=("epsilon:0",), eval_run="2", value_analysis_episodes=0)  # fmt: skip
+    assert one["eval_runs"] == [2]
+
+
+def test_non_finite_parameters_stop_the_run_and_keep_the_last_good_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    good = run(total_episodes=5, num_runs=2, save_model=True)
+    before = torch.load(good["checkpoint"], weights_only=True)["params"]["w2"].clone()
+    original = td.ShallowTD.learn
+
+    def poisoned(self, *a):
+        original(self, *a)
+        self.v[1, 0] = float("nan")
+
+    monkeypatch.setattr(td.ShallowTD, "learn", poisoned)
+    with pytest.raises(SystemExit, match="non-finite .* run.s. run1: training stopped"):
+        run(resume=good["checkpoint"], num_runs=2, total_episodes=8, save_model=True, exp_name="poisoned")
+    assert torch.equal(torch.load(good["checkpoint"], weights_only=True)["params"]["w2"], before)
+    (new_dir,) = [d for d in (tmp_path / "runs").iterdir() if "poisoned" in d.name]
+    assert not (new_dir / "td_lambda_tetris.pt").exists()  # no non-finite checkpoint is written
+    assert "non-finite" in json.loads((new_dir / "summary.json").read_text())["diverged"]
+
+
 def test_deep_network_trains_a_few_episodes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     summary = run(network="deep", total_episodes=3, num_runs=2)
@@ -98,6 +150,11 @@ def test_ten_by_ten_defaults_follow_section_3_2():
         ({"network": "deep", "activation": "dsilu"}, "not defined for --network deep"),
         ({"num_runs": 0}, "--num-runs must be at least 1"),
         ({"eval_selections": ("greedy",)}, "bad --eval-selections"),
+        ({"alpha": float("nan")}, "--alpha must be a finite number, got nan"),
+        ({"lam": float("inf")}, "--lam must be a finite number, got inf"),
+        ({"activation": ("dsilu", "dsilu")}, "--activation lists a value twice"),
+        ({"network": "deep", "activation": ("silu-silu", "relu-relu")}, "need --network shallow"),
+        ({"eval_run": "7", "num_runs": 2, "eval_episodes": 1}, "--eval-run must be"),
     ],
 )
 def test_bad_input_fails_with_one_line_before_anything_is_written(tmp_path, monkeypatch, kwargs, message):

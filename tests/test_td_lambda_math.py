@@ -235,3 +235,21 @@ def test_same_max_pool_is_tensorflow_same():
     y = -torch.arange(50.0).view(1, 1, 10, 5)  # -inf padding never wins; last window: rows 8-9, cols 3-4
     pooled = td.same_max_pool(y)
     assert pooled[0, 0, 0, 0] == 0.0 and pooled[0, 0, 0, 1] == -1.0 and pooled[0, 0, -1, -1] == y[0, 0, 8, 3]
+
+
+def test_table1_statistics_by_hand():
+    """Table 1's ± is the sd of the final-window episode scores (pooled over runs); the spread of run means is apart."""
+    scores = np.array([[9.0, 0.0, 2.0, 4.0, 0.0], [1.0, 1.0, 10.0, 14.0, 0.0]])  # run 0 played 4, run 1 played 4
+    out = td.score_summary(scores, np.array([4, 4]), final_window=2)
+    assert out["final_window"] == 2 and out["final_score_per_run"] == [3.0, 12.0]
+    assert out["final_score_mean"] == 7.5 and out["final_score_std_over_runs"] == 4.5
+    assert out["final_score_sd_episodes"] == pytest.approx(math.sqrt((5.5**2 + 3.5**2 + 2.5**2 + 6.5**2) / 4))
+    assert out["final_score_sd_episodes_per_run"] == [1.0, 2.0]
+    assert out["final_score_best_run_index"] == 1 and out["final_score_best_run_sd_episodes"] == 2.0
+    assert td.score_summary(scores, np.array([1, 3]), 1000)["final_window"] == 1  # the slowest run bounds it
+
+
+def test_eta_is_a_sum_of_remaining_episodes_times_recent_length_over_the_rate():
+    eta = td.eta_seconds(np.array([10, 0, -3]), np.array([300.0, 50.0, 80.0]), 1000.0)
+    assert eta == pytest.approx(10 * 300 / 1000)
+    assert td.eta_seconds(np.array([0, 0]), np.array([1.0, 1.0]), 0.0) == 0.0
