@@ -9,7 +9,7 @@
 #   tetris-table1   Table 1: shallow dSiLU / sigmoid / SiLU / ReLU (10 runs each, one batched process) and deep SiLU-SiLU / ReLU-ReLU /
 #                   SiLU-dSiLU (5 runs each) on stochastic SZ-Tetris. Paper budget: 200,000 episodes.
 #   tetris-10x10    Fig. 4: shallow dSiLU with 250 hidden units on 10x10 Tetris, 5 runs. Paper budget: 400,000 episodes.
-#   tetris-table3   Table 3 and Fig. 6: trains the shallow dSiLU agent, then evaluates softmax (final tau) and
+#   tetris-table3   Table 3 and Fig. 6: trains 10 shallow dSiLU runs, then evaluates the best one: softmax (final tau) and
 #                   epsilon-greedy (0, 0.001, 0.01, 0.05) and writes the value analysis (V(s_t) vs R_t).
 #   tetris-speed    placements per second of the Gymnasium env, the batched engine and the training loop.
 #   atari-table2    Table 2 / Fig. 5: Sarsa(lambda) SiLU-dSiLU on the 12 games (Alien ... Breakout), 2 runs each
@@ -85,8 +85,8 @@ case "$suite" in
   tetris-10x10)
     td 400000 5 --env-id envs/Tetris10x10-v0 --activation dsilu
     ;;
-  tetris-table3)
-    td 200000 1 --activation dsilu --save-model --eval-episodes 1000 \
+  tetris-table3)  # 10 runs, then Table 3 and Fig. 6 on the best one (highest final mean), as the paper's "best agent"
+    td 200000 10 --activation dsilu --save-model --eval-episodes 1000 --eval-run best \
       --eval-selections softmax epsilon:0 epsilon:0.001 epsilon:0.01 epsilon:0.05
     ;;
   tetris-speed)
