@@ -91,7 +91,7 @@ case "$suite" in
     ;;
   tetris-speed)
     run "$PY" -m envs --benchmark-seconds 10
-    for n in 1 10 32; do
+    for n in 1 10 40; do
       td "${episodes:-1000}" "$n" --activation dsilu --log-every-seconds 1000 --exp-name "speed_runs$n"
     done
     ;;
