@@ -202,8 +202,8 @@ def validate(args: Args) -> str | None:
         return f"--activation lists a value twice: {' '.join(args.activation)}"
     if len(args.activation) > 1 and args.network != "shallow":
         return "several --activation values need --network shallow (the deep variants run one per process)"
-    if len(args.activation) > 1 and (args.eval_episodes > 0 or args.resume):
-        return "several --activation values train only: evaluate and resume one activation at a time"
+    if len(args.activation) > 1 and args.eval_episodes > 0:
+        return "several --activation values train only: evaluate one activation at a time (--eval-run on its runs)"
     for name in ("alpha", "gamma", "lam", "tau0", "tau_k", "holes_scale"):
         if not math.isfinite(getattr(args, name)):
             return f"--{name.replace('_', '-')} must be a finite number, got {getattr(args, name)}"
