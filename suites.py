@@ -1,0 +1,310 @@
+"""The Soft MoE paper's figures as task lists: one task = one (game, variant, seed) = one command line.
+
+benchmark.sh hands its moe-*, atari100k-fig12 and cql-fig11 suites to this file. A suite expands to its tasks at a
+budget (smoke: seconds per task on a CPU; reduced: the README's budget; paper: the paper's), then the tasks are
+printed (--dry-run), run here N at a time (--jobs N), or written as one SLURM job array and submitted (--slurm).
+Every task writes its run directory to runs/{run_name}/ and its log to runs/logs/{suite}/{task}.log, wherever it
+ran, and the launch writes runs/suites/{suite}.json (the task list) so `benchmark.sh report SUITE` can say which
+tasks finished, failed or are missing.
+
+    python suites.py moe-fig1 --budget smoke --dry-run
+    python suites.py atari100k-fig12 --budget reduced --games "Pong Boxing" --seeds "1 2" --jobs 2
+    python suites.py moe-fig1 --budget paper --slurm --partition gpu --time 4-00:00:00 --gpus-per-task 1
+"""
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+# Appendix A of Obando-Ceron et al. 2024
+GAMES_20 = """AirRaid Asterix Asteroids Bowling Breakout DemonAttack Freeway Gravitar Jamesbond MontezumaRevenge
+  MsPacman Pong PrivateEye Qbert Seaquest SpaceInvaders Venture WizardOfWor YarsRevenge Zaxxon""".split()
+GAMES_26 = ("Alien Amidar Assault Asterix BankHeist BattleZone Boxing Breakout ChopperCommand CrazyClimber DemonAttack "
+            "Freeway Frostbite Gopher Hero Jamesbond Kangaroo Krull KungFuMaster MsPacman Pong PrivateEye Qbert "
+            "RoadRunner Seaquest UpNDown").split()  # fmt: skip
+BUDGETS = ("smoke", "reduced", "paper")
+DEFAULT_SEEDS = {"smoke": [1], "reduced": [1, 2], "paper": [1, 2, 3, 4, 5]}
+
+# Online agents (dqn_softmoe.py, rainbow_softmoe.py). smoke: a few hundred steps with short episodes so each task
+# ends in seconds and still writes scores; reduced: the README's 2M agent steps; paper: 200M frames for Fig. 1 and
+# 40M frames (Appendix A: "the interquantile mean after 40 million environment steps") for the others.
+SMOKE_ONLINE = """--total-timesteps 200 --learning-starts 100 --buffer-size 1000 --iteration-steps 100
+  --max-episode-frames 200 --analysis-every 0 --write-every-minutes 1000""".split()
+SMOKE_100K = SMOKE_ONLINE + ["--eval-episodes", "1"]
+BUDGET_FLAGS = {
+    "online": {"smoke": SMOKE_ONLINE, "reduced": ["--total-timesteps", "2000000"],
+               "paper": ["--total-timesteps", "10000000"]},
+    "online-200m": {"smoke": SMOKE_ONLINE, "reduced": ["--total-timesteps", "2000000"],
+                    "paper": ["--total-timesteps", "50000000"]},
+    # Atari 100k: the presets already hold the paper's 100k budget; reduced = the README's CPU network (Nature CNN)
+    "atari100k": {"smoke": SMOKE_100K, "reduced": ["--encoder", "nature"], "paper": []},
+    # offline: reduced = results/cql_cpu/queue.sh (5 x 2,000 gradient steps, all of a small dataset, Nature CNN)
+    "offline": {
+        "smoke": ["--num-iterations", "1", "--steps-per-iteration", "20", "--eval-episodes", "1", "--eval-envs", "1",
+                  "--max-episode-frames", "400", "--data-percent", "100", "--encoder", "nature"],
+        "reduced": ["--num-iterations", "5", "--steps-per-iteration", "2000", "--eval-episodes", "8",
+                    "--max-episode-frames", "18000", "--data-percent", "100", "--encoder", "nature"],
+        "paper": ["--data-percent", "5"],
+    },
+}  # fmt: skip
+SMOKE_GAMES = ["Breakout"]  # smoke runs one game of every suite (it has random/human scores) unless --games
+
+
+def moe_variants(algos, experts=(8,), moes=("none", "softmoe", "top1"), extra=()):
+    out = []
+    for algo in algos:
+        for moe in moes:
+            for k in experts if moe != "none" else (None,):
+                flags = ["--moe", moe] + (["--num-experts", str(k)] if k else []) + list(extra)
+                out.append((f"{algo}-{moe}" + (f"-e{k}" if k else ""), algo, flags))
+    return out
+
+
+def suite_definition(name: str):
+    """(games, budget kind, [(variant, script key, flags)]) of a suite; None for an unknown suite."""
+    if name == "moe-fig1":  # Soft MoE with 1-8 experts against the baseline's penultimate layer widened x1-x8
+        variants = []
+        for algo in ("dqn", "rainbow"):
+            for k in (1, 2, 4, 8):
+                variants.append((f"{algo}-softmoe-e{k}", algo, ["--moe", "softmoe", "--num-experts", str(k)]))
+                variants.append((f"{algo}-none-x{k}", algo, ["--moe", "none", "--width-multiplier", str(k)]))
+        return GAMES_20, "online-200m", variants
+    if name == "moe-fig4-replay-ratio":  # our replay ratios; the figure's exact values are not in the paper's text
+        variants = []
+        for algo in ("dqn", "rainbow"):
+            for rr in ("0.25", "0.5", "1", "2"):
+                for v, a, f in moe_variants([algo], moes=("none", "softmoe")):
+                    variants.append((f"{v}-rr{rr}", a, f + ["--replay-ratio", rr]))
+        return GAMES_20, "online", variants
+    if name == "moe-fig6-tokenization":
+        variants = []
+        for tok in ("perconv", "perfeat", "persamp"):
+            for v, a, f in moe_variants(["rainbow"], moes=("softmoe", "top1")):
+                variants.append((f"{v}-{tok}", a, f + ["--tokenization", tok]))
+        return GAMES_20, "online", variants
+    if name == "moe-fig7-cnn":
+        return GAMES_20, "online", moe_variants(["dqn", "rainbow"], extra=["--encoder", "nature"])
+    if name == "moe-fig8-random-phi":
+        variants = moe_variants(["rainbow"], moes=("none", "softmoe"))
+        variants.append(
+            ("rainbow-softmoe-e8-randomphi", "rainbow", ["--moe", "softmoe", "--num-experts", "8", "--random-phi"])
+        )
+        return GAMES_20, "online", variants
+    if name == "moe-fig10-analysis":  # the analysis (dormant neurons, srank, feature norm) every 250k steps
+        return GAMES_20, "online", moe_variants(["dqn", "rainbow"])
+    if name == "atari100k-fig12":
+        variants = [
+            (f"{p}-{moe}", p, ["--preset", p, "--moe", moe]) for p in ("der", "drq-eps") for moe in ("none", "softmoe")
+        ]
+        return GAMES_26, "atari100k", variants
+    if name == "cql-fig11":  # Fig. 11 uses 17 games whose list is not in the paper's text: name them with --games
+        variants = [
+            (f"{a}-{moe}", a, ["--agent", a, "--moe", moe])
+            for a in ("cql", "cql-c51")
+            for moe in ("none", "softmoe", "top1")
+        ]
+        return ["Breakout"], "offline", variants
+    return None
+
+
+SUITES = ("moe-fig1", "moe-fig4-replay-ratio", "moe-fig6-tokenization", "moe-fig7-cnn", "moe-fig8-random-phi",
+          "moe-fig10-analysis", "atari100k-fig12", "cql-fig11")  # fmt: skip
+SCRIPTS = {"dqn": "algos/dqn_softmoe.py", "rainbow": "algos/rainbow_softmoe.py", "der": "algos/rainbow_softmoe.py",
+           "drq-eps": "algos/rainbow_softmoe.py", "cql": "algos/cql_softmoe.py",
+           "cql-c51": "algos/cql_softmoe.py"}  # fmt: skip
+
+
+@dataclass
+class Task:
+    suite: str
+    game: str
+    variant: str
+    seed: int
+    argv: list
+    log: str
+
+    @property
+    def exp_name(self) -> str:
+        return f"{self.suite}.{self.variant}"
+
+    def shell(self) -> str:
+        """One line that runs the task from the repository root and writes its log."""
+        log = shlex.quote(self.log)
+        return f"mkdir -p {shlex.quote(os.path.dirname(self.log))} && {shlex.join(self.argv)} > {log} 2>&1"
+
+
+def known_games() -> set:
+    return set(GAMES_20) | set(GAMES_26) | {"Boxing", "RoadRunner"} | set(random_human_scores())
+
+
+def random_human_scores() -> dict:
+    """RANDOM_HUMAN_SCORES of dqn_softmoe.py, read without importing torch."""
+    import ast
+
+    with open(os.path.join(ROOT, "algos", "dqn_softmoe.py")) as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "RANDOM_HUMAN_SCORES":
+            return ast.literal_eval(node.value)
+    return {}
+
+
+def expand(suite, budget, seeds=None, games=None, python=None, dataset="results/cql_cpu/work/dataset", extra=()):
+    """The suite's tasks. Raises SystemExit with one line on an unknown suite, budget or game."""
+    definition = suite_definition(suite)
+    if definition is None:
+        raise SystemExit(f"error: unknown suite '{suite}' (known: {', '.join(SUITES)})")
+    if budget not in BUDGETS:
+        raise SystemExit(f"error: unknown budget '{budget}' (known: {', '.join(BUDGETS)})")
+    default_games, kind, variants = definition
+    if games:
+        unknown = [g for g in games if g not in known_games()]
+        if unknown:
+            raise SystemExit(
+                f"error: unknown game '{unknown[0]}' (Gymnasium's CamelCase ROM names, e.g. Pong, MsPacman)"
+            )
+    else:
+        games = SMOKE_GAMES if budget == "smoke" else default_games
+    seeds = seeds or DEFAULT_SEEDS[budget]
+    python = python or sys.executable
+    tasks = []
+    for game in games:
+        for variant, key, flags in variants:
+            for seed in seeds:
+                exp = f"{suite}.{variant}"
+                argv = [python, SCRIPTS[key]]
+                if key in ("rainbow",):
+                    argv += ["--preset", "full-rainbow"]
+                argv += flags + ["--env-id", f"ALE/{game}-v5", "--seed", str(seed), "--exp-name", exp]
+                if kind == "offline":
+                    argv += ["--dataset-dir", dataset.replace("{game}", game)]
+                argv += BUDGET_FLAGS[kind][budget] + list(extra)
+                log = os.path.join("runs", "logs", suite, f"{game}.{variant}.s{seed}.log")
+                tasks.append(Task(suite, game, variant, seed, argv, log))
+    return tasks
+
+
+def write_manifest(tasks, suite, budget, how, job_id=None):
+    os.makedirs(os.path.join("runs", "suites"), exist_ok=True)
+    path = os.path.join("runs", "suites", f"{suite}.json")
+    with open(path, "w") as f:
+        json.dump({"suite": suite, "budget": budget, "how": how, "job_id": job_id, "time": time.time(),
+                   "tasks": [asdict(t) | {"exp_name": t.exp_name} for t in tasks]}, f, indent=1)  # fmt: skip
+    return path
+
+
+def run_local(tasks, jobs: int) -> int:
+    """Run the tasks N at a time on this machine; returns the number that failed."""
+
+    def one(task):
+        print(f"+ {task.shell()}", flush=True)
+        rc = subprocess.call(task.shell(), shell=True, cwd=ROOT)
+        print(
+            f"{'done' if rc == 0 else f'FAILED (exit {rc})'}: {task.game} {task.variant} seed {task.seed}", flush=True
+        )
+        return rc
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return sum(rc != 0 for rc in pool.map(one, tasks))
+
+
+def sbatch_script(tasks, suite, args) -> str:
+    """Write runs/slurm/{suite}-{stamp}/: tasks.txt (one line per array task) and job.sbatch; return its path."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    folder = os.path.join("runs", "slurm", f"{suite}-{stamp}")
+    os.makedirs(folder, exist_ok=True)
+    task_file = os.path.join(folder, "tasks.txt")
+    with open(task_file, "w") as f:
+        f.write("".join(t.shell() + "\n" for t in tasks))
+    options = [f"--job-name={suite}", f"--array=0-{len(tasks) - 1}", f"--output={folder}/slurm-%A_%a.out",
+               f"--cpus-per-task={args.cpus_per_task}"]  # fmt: skip
+    if args.partition:
+        options.append(f"--partition={args.partition}")
+    if args.time:
+        options.append(f"--time={args.time}")
+    if args.gpus_per_task:
+        options.append(f"--gpus-per-task={args.gpus_per_task}")
+    header = "".join(f"#SBATCH {o}\n" for o in options)
+    body = (
+        f"cd {shlex.quote(ROOT)}\n"
+        f"export OMP_NUM_THREADS=${{SLURM_CPUS_PER_TASK:-1}}\n"
+        f'line=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {shlex.quote(os.path.abspath(task_file))})\n'
+        'echo "task $SLURM_ARRAY_TASK_ID on $(hostname): $line"\n'
+        'eval "$line"\n'
+    )
+    path = os.path.join(folder, "job.sbatch")
+    with open(path, "w") as f:
+        f.write(
+            f"#!/usr/bin/env bash\n# {suite}: {len(tasks)} tasks, one per (game, variant, seed)\n{header}set -u\n{body}"
+        )
+    return path
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], prog="benchmark.sh SUITE")
+    p.add_argument("suite")
+    p.add_argument("--budget", default="reduced")
+    p.add_argument("--seeds", default="", help='e.g. "1 2 3"; default: 1 (smoke), 1 2 (reduced), 1-5 (paper)')
+    p.add_argument("--games", default="", help='e.g. "Pong Breakout"; default: the figure\'s games (smoke: the first)')
+    p.add_argument("--dataset", default="results/cql_cpu/work/dataset", help="cql-fig11: dataset dir, {game} allowed")
+    p.add_argument("--dry-run", action="store_true", help="print every command, run nothing")
+    p.add_argument("--jobs", type=int, default=1, help="run the tasks N at a time on this machine")
+    p.add_argument(
+        "--slurm", action="store_true", help="submit one SLURM job array, one task per (game, variant, seed)"
+    )
+    p.add_argument("--partition", default="")
+    p.add_argument("--time", default="")
+    p.add_argument("--gpus-per-task", type=int, default=0)
+    p.add_argument("--cpus-per-task", type=int, default=1)
+    p.add_argument("extra", nargs="*", help="after --: extra flags for every task")
+    args = p.parse_args(argv)
+    try:
+        seeds = [int(s) for s in args.seeds.split()]
+    except ValueError:
+        raise SystemExit(f"error: --seeds takes integers, got '{args.seeds}'") from None
+    if args.jobs < 1:
+        raise SystemExit(f"error: --jobs must be at least 1, got {args.jobs}")
+    python = os.environ.get("PYTHON") or (
+        ".venv/bin/python" if os.path.exists(os.path.join(ROOT, ".venv/bin/python")) else sys.executable
+    )
+    tasks = expand(args.suite, args.budget, seeds, args.games.split(), python, args.dataset, args.extra)
+    if args.slurm and not args.dry_run and shutil.which("sbatch") is None:
+        raise SystemExit("error: --slurm needs sbatch on PATH (no SLURM client found); use --jobs N to run here")
+    os.chdir(ROOT)
+    print(f"{args.suite}: {len(tasks)} tasks at the {args.budget} budget", flush=True)
+    if args.dry_run:
+        for t in tasks:
+            print(f"+ {t.shell()}")
+        return 0
+    if args.slurm:
+        script = sbatch_script(tasks, args.suite, args)
+        out = subprocess.run(["sbatch", "--parsable", script], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(
+                f"error: sbatch failed: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}"
+            )
+        job_id = out.stdout.strip().split(";")[0]
+        write_manifest(tasks, args.suite, args.budget, "slurm", job_id)
+        print(f"submitted job array {job_id} ({len(tasks)} tasks): {script}")
+        print(f"when it finishes: bash benchmark.sh report {args.suite}")
+        print(job_id)
+        return 0
+    write_manifest(tasks, args.suite, args.budget, f"local --jobs {args.jobs}")
+    failed = run_local(tasks, args.jobs)
+    print(
+        f"{args.suite}: {len(tasks) - failed} of {len(tasks)} tasks exited cleanly; "
+        f"bash benchmark.sh report {args.suite}"
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""report.py and suites.py on hand-made summary.json files: the tables, rliable's IQM against a hand computation, the
+paper's number beside ours, and the one-line errors on bad input."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import report
+import suites
+
+
+def write_run(root, name, summary, episodes=None):
+    d = os.path.join(root, name)
+    os.makedirs(d)
+    with open(os.path.join(d, "summary.json"), "w") as f:
+        json.dump(summary, f)
+    if episodes is not None:
+        with open(os.path.join(d, "episodes.csv"), "w") as f:
+            f.write("global_step,return,length\n" + "".join(f"{s},{r},10\n" for s, r in episodes))
+
+
+def dqn_summary(exp, game, seed, score, moe="softmoe"):
+    args = {"exp_name": exp, "seed": seed, "env_id": f"ALE/{game}-v5", "replay_ratio": 0.25, "moe": moe,
+            "encoder": "nature", "num_experts": 8, "width_multiplier": 1, "total_timesteps": 1000}  # fmt: skip
+    return {"args": args, "game": game, "complete": True, "global_step": 1000, "human_normalized_score": score}
+
+
+@pytest.fixture
+def moe_runs(tmp_path):
+    """moe-fig7-cnn, variant dqn-softmoe-e8: 3 games x 4 seeds with the scores 0..11; dqn-none: 3 games x 4 seeds."""
+    root = str(tmp_path / "runs")
+    k = 0
+    for game in ("Pong", "Breakout", "Boxing"):
+        for seed in (1, 2, 3, 4):
+            curve = [(100 * i, float(i + seed)) for i in range(1, 6)]
+            write_run(
+                root, f"{game}_soft_{seed}", dqn_summary("moe-fig7-cnn.dqn-softmoe-e8", game, seed, float(k)), curve
+            )
+            write_run(
+                root, f"{game}_none_{seed}", dqn_summary("moe-fig7-cnn.dqn-none", game, seed, 0.1 * k, "none"), curve
+            )
+            k += 1
+    return root
+
+
+def test_iqm_matches_hand_computation(moe_runs, tmp_path):
+    runs = report.find_summaries([moe_runs])
+    assert len(runs) == 24
+    text = "\n".join(report.moe_tables(runs, str(tmp_path / "out"), reps=200, plots=False))
+    # 12 scores 0..11: the IQM drops the lowest and highest 3 and averages 3..8 = 5.5
+    row = next(line for line in text.splitlines() if line.startswith("| dqn-softmoe-e8 "))
+    assert "| 5.500 |" in row and "| 3 | 4 |" in row
+    row = next(line for line in text.splitlines() if line.startswith("| dqn-none "))
+    assert "| 0.550 |" in row
+    lo, hi = (float(x) for x in row.split("[")[1].split("]")[0].split(","))
+    assert lo <= 0.55 <= hi
+    assert "Obando-Ceron et al. 2024, Fig. 7" in text  # the paper's source beside ours
+
+
+def test_report_writes_markdown_and_plots(moe_runs, tmp_path):
+    out = str(tmp_path / "out")
+    assert report.main([moe_runs, "--out", out, "--reps", "100"]) == 0
+    md = open(os.path.join(out, "report.md")).read()
+    assert "moe-fig7-cnn" in md
+    for png in ("moe-fig7-cnn_iqm.png", "moe-fig7-cnn_curves.png"):
+        assert os.path.getsize(os.path.join(out, png)) > 1000
+
+
+def test_elfwing_tables_put_the_paper_beside_ours(tmp_path):
+    root = str(tmp_path / "runs")
+    sarsa = {"args": {"exp_name": "result", "seed": 1, "env_id": "ALE/Boxing-v5", "tau_k": 0.0005, "activations": "x"},
+             "game": "Boxing", "episodes": 500, "final_mean_score": 20.0, "best_mean_score": 40.0, "random_score": 0.1,
+             "dqn_score": 71.8, "complete": True}  # fmt: skip
+    write_run(root, "boxing1", sarsa)
+    write_run(root, "boxing2", sarsa | {"args": sarsa["args"] | {"seed": 2}, "final_mean_score": 30.0})
+    tetris = {"args": {"exp_name": "t1", "seed": 1, "env_id": "envs/SZTetris-v0", "network": "shallow",
+                       "activation": ["dsilu"], "holes_scale": 33.0},
+              "final_score_per_run": [200.0, 220.0], "final_score_sd_episodes": 70.0, "final_score_best_run": 220.0,
+              "final_score_best_run_sd_episodes": 60.0, "episodes_per_run": [1000, 1000], "complete": True}  # fmt: skip
+    write_run(root, "tetris", tetris)
+    runs = report.find_summaries([root])
+    t2 = report.elfwing_table2(runs)
+    row = next(line for line in t2.splitlines() if line.startswith("| Boxing"))
+    # mean of the two runs' final means, the paper's 36 and 92 beside, DQN-normalised (25 - 0.1) / (71.8 - 0.1)
+    assert "| 25.0 | 36 | 40.0 | 92 |" in row and f"{100 * 24.9 / 71.7:.0f}%" in row and "| 2 / 2 |" in row
+    assert "218% / 78%" in t2
+    t1 = report.elfwing_table1(runs)
+    row = next(line for line in t1.splitlines() if line.startswith("| shallow dsilu"))
+    assert "210.0 ± 70.0" in row and "263 ± 80" in row and "220.0 ± 60.0" in row and "1,000 / 200,000" in row
+
+
+def test_paper_numbers_have_sources():
+    for key, entry in report.PAPER.items():
+        if not key.startswith("_"):
+            assert "source" in entry or all("source" in v for v in entry.values()), key
+    assert len(report.PAPER["drq_eps_atari100k"]["games"]) == 26
+    assert set(report.PAPER["drq_eps_atari100k"]["games"]) == set(suites.GAMES_26)
+
+
+def test_suite_status_lists_finished_failed_and_missing(moe_runs, tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "ROOT", str(tmp_path))
+    tasks = suites.expand("moe-fig7-cnn", "smoke", seeds=[1], games=["Pong", "Qbert"])
+    os.makedirs(tmp_path / "runs" / "suites")
+    with open(tmp_path / "runs" / "suites" / "moe-fig7-cnn.json", "w") as f:
+        json.dump({"budget": "smoke", "how": "test", "tasks": [vars(t) | {"exp_name": t.exp_name} for t in tasks]}, f)
+    failed = next(t for t in tasks if t.game == "Qbert")
+    os.makedirs(tmp_path / os.path.dirname(failed.log), exist_ok=True)
+    with open(tmp_path / failed.log, "w") as f:
+        f.write("Traceback\nValueError: boom\n")
+    text = report.task_status("moe-fig7-cnn", report.find_summaries([moe_runs]))
+    assert "| Pong | dqn-softmoe-e8 | 1 | complete |" in text
+    assert f"| Qbert | {failed.variant} | 1 | failed | ValueError: boom |" in text
+    assert "missing" in text
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["no-such-suite"], "neither a suite"),
+        (["EMPTY"], "nothing to report"),
+    ],
+)
+def test_report_bad_input(argv, message, tmp_path):
+    argv = [str(tmp_path) if a == "EMPTY" else a for a in argv]
+    with pytest.raises(SystemExit, match=message):
+        report.main(argv + ["--out", str(tmp_path / "out")])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["moe-fig99"], "unknown suite 'moe-fig99'"),
+        (["moe-fig1", "--budget", "huge"], "unknown budget 'huge'"),
+        (["moe-fig1", "--games", "Pong Tetris"], "unknown game 'Tetris'"),
+        (["moe-fig1", "--seeds", "one"], "--seeds takes integers"),
+    ],
+)
+def test_suites_bad_input(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        suites.main(argv)
+
+
+def test_slurm_without_sbatch_is_one_line(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(SystemExit, match="--slurm needs sbatch on PATH"):
+        suites.main(["moe-fig1", "--budget", "smoke", "--slurm"])
+
+
+def test_suites_expand_every_figure():
+    for name in suites.SUITES:
+        tasks = suites.expand(name, "paper")
+        assert tasks and len({(t.game, t.variant, t.seed) for t in tasks}) == len(tasks)
+        assert all(t.exp_name.startswith(name + ".") and "--exp-name" in t.argv for t in tasks)
+    fig1 = suites.expand("moe-fig1", "paper")
+    assert len(fig1) == 20 * 16 * 5  # 20 games x (DQN, Rainbow) x (1, 2, 4, 8 experts + widths x1..x8) x 5 seeds
+    assert len(suites.expand("atari100k-fig12", "reduced", seeds=[1], games=["Pong"])) == 4
+    assert np.all([t.game == "Breakout" for t in suites.expand("moe-fig1", "smoke")])
