@@ -36,6 +36,17 @@ PY=${PYTHON:-.venv/bin/python}
 
 suite=${1:-}
 shift || true
+# The Soft MoE paper's figures and the report live in two scripts beside this one (suites.py, report.py):
+#   bash benchmark.sh report [SUITE|DIR...] [--out DIR]   the paper's tables and figures, paper numbers beside ours
+#   bash benchmark.sh SUITE [--budget smoke|reduced|paper] [--seeds "1 2"] [--games "A B"] [--dry-run] [--jobs N]
+#                           [--slurm [--partition P] [--time T] [--gpus-per-task N]] [-- extra flags]
+#   moe-fig1 (DQN, Rainbow: 1/2/4/8 Soft MoE experts vs the baseline widened x1-x8, 20 games), moe-fig4-replay-ratio,
+#   moe-fig6-tokenization, moe-fig7-cnn, moe-fig8-random-phi, moe-fig10-analysis, atari100k-fig12 (DER, DrQ(eps),
+#   26 games), cql-fig11. One task per (game, variant, seed); --slurm submits them as one job array.
+case "$suite" in
+  report) exec "$PY" report.py "$@" ;;
+  moe-fig*|atari100k-fig12|cql-fig11) exec "$PY" suites.py "$suite" "$@" ;;
+esac
 episodes="" runs="" envs="1" seeds="" games="" dry=0 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
