@@ -332,8 +332,14 @@ def moe_tables(runs, out_dir, reps, plots) -> list[str]:
         ref = PAPER["moe_figures"].get(fig, {})
         text = [f"### {title}"]
         if ref:
+            if "budget_steps" in ref:
+                budget = f"{ref['budget_steps']:,} environment steps (frames; {ref['budget_steps'] // 4:,} agent steps)"
+            elif "budget_agent_steps" in ref:
+                budget = f"{ref['budget_agent_steps']:,} agent steps"
+            else:
+                budget = f"{ref['budget_gradient_steps']:,} gradient steps"
             text.append(f"Paper: {ref['paper']}. Source: {ref['source']}. Paper protocol: {ref['games']} games x "
-                        f"{ref['seeds']} seeds.")  # fmt: skip
+                        f"{ref['seeds']} seeds, {budget} per run.")  # fmt: skip
         if not matrices:
             text.append("No run has a score yet.")
             sections.append("\n\n".join(text))
