@@ -46,11 +46,11 @@ BUDGET_FLAGS = {
                     "paper": ["--total-timesteps", "50000000"]},
     # Atari 100k: the presets already hold the paper's 100k budget; reduced = the README's CPU network (Nature CNN)
     "atari100k": {"smoke": SMOKE_100K, "reduced": ["--encoder", "nature"], "paper": []},
-    # offline: reduced = results/cql_cpu/queue.sh (5 x 2,000 gradient steps, all of a small dataset, Nature CNN)
+    # offline: reduced = results/cql_cpu/queue.sh (5 x 1,000 gradient steps, all of a small dataset, Nature CNN)
     "offline": {
         "smoke": ["--num-iterations", "1", "--steps-per-iteration", "20", "--eval-episodes", "1", "--eval-envs", "1",
                   "--max-episode-frames", "400", "--data-percent", "100", "--encoder", "nature"],
-        "reduced": ["--num-iterations", "5", "--steps-per-iteration", "2000", "--eval-episodes", "8",
+        "reduced": ["--num-iterations", "5", "--steps-per-iteration", "1000", "--eval-episodes", "8",
                     "--max-episode-frames", "18000", "--data-percent", "100", "--encoder", "nature"],
         "paper": ["--data-percent", "5"],
     },

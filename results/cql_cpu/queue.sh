@@ -15,7 +15,7 @@ PY=${PYTHON:-$ROOT/.venv/bin/python}
 OUT=$ROOT/results/cql_cpu
 WORK=$OUT/work
 ITERATIONS=${ITERATIONS:-5}
-STEPS=${STEPS:-2000}
+STEPS=${STEPS:-1000}
 export OMP_NUM_THREADS=1
 
 jobs=()
