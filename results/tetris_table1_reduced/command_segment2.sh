@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Segment 2: the Table 1 checkpoint (segment1/, 3,000 episodes per run) continued to 4,000 episodes per run
-# (the traces restart at resume, as on any resume); SIGTERM after 25 min writes everything reached.
+# (the traces restart at resume, as on any resume); SIGTERM after 16 min 40 s writes everything reached.
 cd "$(dirname "$0")"
-OMP_NUM_THREADS=1 exec timeout -s TERM 1500 ../../.venv/bin/python ../../algos/td_lambda_tetris.py --network shallow \
+OMP_NUM_THREADS=1 exec timeout -s TERM 1000 ../../.venv/bin/python ../../algos/td_lambda_tetris.py --network shallow \
   --activation dsilu sigmoid silu relu --num-runs 10 --total-episodes 4000 --save-model \
   --resume segment1/td_lambda_tetris.pt --write-every-minutes 3 --log-every-seconds 60 --exp-name table1_reduced_seg2
