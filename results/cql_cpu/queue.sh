@@ -7,6 +7,7 @@
 # frames (Dopamine's cap is 108k: a policy that never serves in Breakout would hold the CPU for 27k agent steps).
 #
 #   bash results/cql_cpu/make_dataset.sh && bash results/cql_cpu/queue.sh      # resumable: run again after a stop
+#   bash results/cql_cpu/queue.sh 0 2 & bash results/cql_cpu/queue.sh 1 2       # two workers (job i: worker i % 2)
 #   bash results/cql_cpu/queue.sh --list
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -45,11 +46,14 @@ if [ "${1:-}" = "--list" ]; then
   exit 0
 fi
 
+worker=${1:-0}
+workers=${2:-1}
 mkdir -p "$WORK/logs"
 cd "$WORK"
 [ -f dataset/behaviour_episodes.csv ] || { echo "error: no dataset in $WORK/dataset; run results/cql_cpu/make_dataset.sh first"; exit 1; }
-for job in "${jobs[@]}"; do
-  read -r agent moe seed <<<"$job"
+for i in "${!jobs[@]}"; do
+  [ $((i % workers)) = "$worker" ] || continue
+  read -r agent moe seed <<<"${jobs[$i]}"
   name="${agent}_Breakout_${moe}_s${seed}"
   if complete "$name"; then echo "$name: complete"; continue; fi
   network=(--encoder nature --moe "$moe")
