@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 HERE = Path(__file__).parent
-runs = sorted(p for p in HERE.iterdir() if (p / "summary.json").is_file())
+runs = sorted(p for p in HERE.iterdir() if (p / "eval_curve.csv").is_file())
 fig, ax = plt.subplots(figsize=(7, 4.5))
 colours = {"none": "tab:blue", "softmoe": "tab:red"}
 table, behaviour = {}, None
@@ -23,7 +23,7 @@ for run in runs:
     summary = json.loads((run / "summary.json").read_text())
     with open(run / "eval_curve.csv") as f:
         rows = list(csv.DictReader(f))
-    steps = [int(r["updates"]) for r in rows]
+    steps = [int(r["gradient_steps"]) for r in rows]
     scores = [float(r["mean_return"]) for r in rows]
     moe = summary["args"]["moe"]
     label = {"none": "CQL, dense baseline", "softmoe": "CQL, Soft MoE (8 experts)"}[moe]
