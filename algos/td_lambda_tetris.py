@@ -408,11 +408,10 @@ class ShallowTD:
         c = self.c * decay
         fold = c < self.fold_below
         if bool(fold.any()):
-            ids = fold.nonzero().squeeze(1)
-            sub = self.table[ids]  # (n, F + 1, 2 Hd)
-            sub[..., :Hd].addcmul_(sub[..., Hd:], self.A[ids].view(-1, 1, 1))
-            sub[..., Hd:].mul_(c[ids].view(-1, 1, 1))
-            self.table[ids] = sub
+            for r in fold.nonzero().flatten().tolist():  # a few runs per step, each folded in place
+                U, E = self.table[r, :, :Hd], self.table[r, :, Hd:]
+                U.addcmul_(E, self.A[r])
+                E.mul_(c[r])
             c = torch.where(fold, 1.0, c)
             self.A.masked_fill_(fold, 0.0)
         self.c = c
