@@ -28,6 +28,7 @@ and Fig. 4 (10x10 Tetris, 5 runs x 400k episodes, 250 hidden units, reward exp(-
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import os
@@ -333,16 +334,18 @@ def shallow_value_and_grad(params, idx: torch.Tensor, activation: str):
 # ----------------------------------------------------------------------------------------------------------------------
 # The shallow agent's fast path: one fused forward and lazily scaled traces (what the training loop runs)
 # ----------------------------------------------------------------------------------------------------------------------
-def shallow_indices(heights: torch.Tensor, n_holes: torch.Tensor, height: int) -> torch.Tensor:
+def shallow_indices(heights: torch.Tensor, n_holes: torch.Tensor, height: int, table=None) -> torch.Tensor:
     """(..., W) heights and (...) holes -> (..., 2W + 1) active rows of the binary input (`binary_feature_indices`)
-    plus row F = the bias b1 as an always-active input (F = binary_feature_length)."""
+    plus row F = the bias b1 as an always-active input (F = binary_feature_length). `table`: the cached
+    `_bias_encoding_table(height, W, device)`, passed in by the compiled step (dynamo warns on cached functions)."""
     width = heights.shape[-1]
-    lo, hi, offset = _bias_encoding_table(height, width, heights.device)
+    lo, hi, offset = _bias_encoding_table(height, width, heights.device) if table is None else table
     bias = torch.zeros_like(n_holes)[..., None]
     feats = torch.cat([heights, heights[..., 1:] - heights[..., :-1], n_holes[..., None], bias], -1)
     return torch.maximum(torch.minimum(feats, hi), lo) + offset
 
 
+@functools.lru_cache(maxsize=16)
 def _bias_encoding_table(height, width, device):
     lo, hi, offset = _encoding_table(height, width, device)
     F_ = binary_feature_length(height, width)
@@ -473,6 +476,7 @@ class StepConstants(NamedTuple):
     empty_board: torch.Tensor  # a run whose game ends restarts from these
     empty_state: torch.Tensor
     target: torch.Tensor  # (R,) episodes each run trains for
+    encoding: torch.Tensor | None = None  # the shallow net's _bias_encoding_table
 
 
 def choose_and_td_error(s: dict, after, v_t, v_cand, uniform, k: StepConstants):
@@ -532,7 +536,7 @@ def shallow_step(learner: ShallowTD, engine: ColumnEngine, s: dict, uniform, nex
     shape-static under torch.compile: one graph, compiled once."""
     P = engine.num_placements
     after = engine(s["boards"], s["pieces"])  # every placement's afterstate f(s_t, a)
-    cand_states = shallow_indices(after.heights, after.holes, engine.height)
+    cand_states = shallow_indices(after.heights, after.holes, engine.height, k.encoding)
     v_all, z, a = learner.values(torch.cat([cand_states, s["states"][:, None]], 1))
     action, game_over, holes_next, td_error, step = choose_and_td_error(s, after, v_all[:, P], v_all[:, :P], uniform, k)
     learner.accumulate(s["states"], z[:, P], a[:, P], s["decay"], step)
@@ -1126,7 +1130,7 @@ def main(args: Args) -> dict:
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     k = StepConstants(
         args.gamma, args.alpha, args.gamma * args.lam, args.tau0, args.tau_k, args.holes_scale, args.reward_timing,
-        empty_board, empty_state, target,
+        empty_board, empty_state, target, _bias_encoding_table(height, width, device) if shallow else None,
     )  # fmt: skip
     carry = dict(boards=boards, states=states, pieces=pieces, holes_now=holes_now, decay=torch.zeros(R, device=device))
     carry.update(score=score, length=length, active=active, placements=torch.zeros((), dtype=torch.long, device=device))
