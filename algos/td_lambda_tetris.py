@@ -28,6 +28,7 @@ and Fig. 4 (10x10 Tetris, 5 runs x 400k episodes, 250 hidden units, reward exp(-
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import os
@@ -36,7 +37,7 @@ import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -142,6 +143,10 @@ class Args:
     hidden: int | None = None
     """hidden units of the shallow net (default: 50 on SZ-Tetris, 250 on the seven-piece variants); the deep net's
     fully connected layer has 250"""
+
+    compile: bool = False
+    """shallow net: run the training step as one torch.compile graph (inductor; needs a C compiler on CPU, falls back
+    to eager with a warning; ~1 minute of compilation at the start). Same maths and the same games as without it"""
 
     # --- evaluation and analysis (§4.1, §4.2) ---
     final_window: int | None = None
@@ -329,16 +334,18 @@ def shallow_value_and_grad(params, idx: torch.Tensor, activation: str):
 # ----------------------------------------------------------------------------------------------------------------------
 # The shallow agent's fast path: one fused forward and lazily scaled traces (what the training loop runs)
 # ----------------------------------------------------------------------------------------------------------------------
-def shallow_indices(heights: torch.Tensor, n_holes: torch.Tensor, height: int) -> torch.Tensor:
+def shallow_indices(heights: torch.Tensor, n_holes: torch.Tensor, height: int, table=None) -> torch.Tensor:
     """(..., W) heights and (...) holes -> (..., 2W + 1) active rows of the binary input (`binary_feature_indices`)
-    plus row F = the bias b1 as an always-active input (F = binary_feature_length)."""
+    plus row F = the bias b1 as an always-active input (F = binary_feature_length). `table`: the cached
+    `_bias_encoding_table(height, W, device)`, passed in by the compiled step (dynamo warns on cached functions)."""
     width = heights.shape[-1]
-    lo, hi, offset = _bias_encoding_table(height, width, heights.device)
+    lo, hi, offset = _bias_encoding_table(height, width, heights.device) if table is None else table
     bias = torch.zeros_like(n_holes)[..., None]
     feats = torch.cat([heights, heights[..., 1:] - heights[..., :-1], n_holes[..., None], bias], -1)
     return torch.maximum(torch.minimum(feats, hi), lo) + offset
 
 
+@functools.lru_cache(maxsize=16)
 def _bias_encoding_table(height, width, device):
     lo, hi, offset = _encoding_table(height, width, device)
     F_ = binary_feature_length(height, width)
@@ -393,18 +400,29 @@ class ShallowTD:
     def learn(self, idx_t: torch.Tensor, z_t: torch.Tensor, a_t: torch.Tensor, decay: torch.Tensor, step: torch.Tensor):
         """e <- decay e + grad V(s_t) (eq. 4), then theta <- theta + step e (eq. 1). idx_t (R, 21), z_t and a_t (R, Hd)
         of s_t under the theta that gave delta; decay, step (R,)."""
+        self.decay_traces(decay)
+        self.accumulate(idx_t, z_t, a_t, decay, step)
+
+    def decay_traces(self, decay: torch.Tensor):
+        """The W trace's part of e <- decay e (eq. 4): c <- decay c, then fold the runs whose c fell below
+        `fold_below` (an episode start, decay = 0, always folds). Theta is unchanged, so this may run any time between
+        the forward pass and `accumulate`. Data-dependent (which runs fold), so the compiled step leaves it outside."""
         Hd = self.Hd
         c = self.c * decay
         fold = c < self.fold_below
         if bool(fold.any()):
-            ids = fold.nonzero().squeeze(1)
-            sub = self.table[ids]  # (n, F + 1, 2 Hd)
-            sub[..., :Hd].addcmul_(sub[..., Hd:], self.A[ids].view(-1, 1, 1))
-            sub[..., Hd:].mul_(c[ids].view(-1, 1, 1))
-            self.table[ids] = sub
+            for r in fold.nonzero().flatten().tolist():  # a few runs per step, each folded in place
+                U, E = self.table[r, :, :Hd], self.table[r, :, Hd:]
+                U.addcmul_(E, self.A[r])
+                E.mul_(c[r])
             c = torch.where(fold, 1.0, c)
             self.A.masked_fill_(fold, 0.0)
         self.c = c
+
+    def accumulate(self, idx_t: torch.Tensor, z_t: torch.Tensor, a_t: torch.Tensor, decay: torch.Tensor, step):
+        """The rest of `learn` once `decay_traces(decay)` has run: e += grad V(s_t), theta += step e. In place and
+        branch-free (the compiled step's part of the update)."""
+        Hd, c = self.Hd, self.c
         da = self._by_group(lambda name, x: activation_and_derivative(name, x)[1], z_t)
         g = self.v[:, :Hd] * da / c[:, None]  # dV/dz_k = w2_k a'(z_k) (eq. 11, 12), divided by c
         values = torch.cat([g * -self.A[:, None], g], -1)  # (R, 2 Hd): U -= A g / c, E += g / c
@@ -440,6 +458,108 @@ def td_reward(holes_next, game_over, holes_current, holes_scale: float, timing: 
     if timing == "current":
         return torch.exp(-holes_current.float() / holes_scale)
     return torch.exp(-holes_next.float() / holes_scale).masked_fill(game_over, 0.0)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# One training step of every run (what `main`'s loop calls; the shallow one is what --compile compiles)
+# ----------------------------------------------------------------------------------------------------------------------
+class StepConstants(NamedTuple):
+    """What every step reads and no step changes."""
+
+    gamma: float
+    alpha: float
+    gamma_lambda: float
+    tau0: float
+    tau_k: float
+    holes_scale: float
+    reward_timing: str
+    empty_board: torch.Tensor  # a run whose game ends restarts from these
+    empty_state: torch.Tensor
+    target: torch.Tensor  # (R,) episodes each run trains for
+    encoding: torch.Tensor | None = None  # the shallow net's _bias_encoding_table
+
+
+def choose_and_td_error(s: dict, after, v_t, v_cand, uniform, k: StepConstants):
+    """Softmax selection (eq. 14) at tau(i) (eq. 15) by Gumbel-max on the pre-drawn `uniform`, the reward (eq. 16, 17)
+    and delta_t = r + gamma V(s_{t+1}) - V(s_t) (eq. 2). Afterstates where the piece does not fit are terminal: V = 0
+    (tetris.md §0). Returns action, game_over, holes(s_{t+1}), delta_t and alpha delta_t (0 for finished runs)."""
+    runs = torch.arange(len(v_t), device=v_t.device)
+    v_cand = v_cand.masked_fill(after.game_over, 0.0)
+    tau = temperature(s["episodes"].float(), k.tau0, k.tau_k)
+    action, _ = select_placement(v_cand, tau, after.valid, uniform)
+    game_over = after.game_over[runs, action]
+    holes_next = after.holes[runs, action]
+    reward = td_reward(holes_next, game_over, s["holes_now"], k.holes_scale, k.reward_timing)
+    td_error = reward + k.gamma * v_cand[runs, action] - v_t  # eq. 2 (V(s_{t+1}) = 0 when terminal)
+    return action, game_over, holes_next, td_error, k.alpha * td_error * s["active"]
+
+
+def advance_games(s: dict, after, cand_states, action, game_over, holes_next, td_error, next_pieces, k: StepConstants):
+    """Move every run to s_{t+1} = f(s_t, a_t); a finished game is recorded (runs still learning only) and restarts
+    from the empty board with e = 0 (decay 0 on its first step). Returns the new carry; `episodes`, `scores` and
+    `lengths` are updated in place."""
+    runs = torch.arange(len(action), device=action.device)
+    active, episodes, scores, lengths = s["active"], s["episodes"], s["scores"], s["lengths"]
+    score = s["score"] + after.rows_cleared[runs, action]
+    length = s["length"] + 1
+    placements = s["placements"] + active.sum()  # pieces placed by runs still learning (finished runs idle along)
+    abs_td_sum = s["abs_td_sum"] + td_error.abs() * active
+    boards = torch.where(game_over.view(-1, *[1] * (k.empty_board.dim())), k.empty_board, after.boards[runs, action])
+    states = torch.where(game_over.view(-1, *[1] * (k.empty_state.dim())), k.empty_state, cand_states[runs, action])
+    holes_now = holes_next.masked_fill(game_over, 0)
+    # Eagerly only when some game ended; under torch.compile always (branch-free: record is False elsewhere).
+    if torch.compiler.is_compiling() or bool(game_over.any()):
+        slot = episodes.clamp(max=scores.shape[1] - 1)
+        record = game_over & active
+        scores[runs, slot] = torch.where(record, score, scores[runs, slot])
+        lengths[runs, slot] = torch.where(record, length, lengths[runs, slot])
+        episodes += record
+        active = episodes < k.target
+        score = score.masked_fill(game_over, 0)
+        length = length.masked_fill(game_over, 0)
+    decay = torch.where(game_over, 0.0, k.gamma_lambda)  # the next step's gamma lambda (0 on a first step: e_0 = 0)
+    return {
+        **s,
+        **dict(boards=boards, states=states, pieces=next_pieces, holes_now=holes_now, decay=decay, score=score),
+        **dict(length=length, active=active, placements=placements, abs_td_sum=abs_td_sum),
+    }
+
+
+def shallow_step(learner: ShallowTD, engine: ColumnEngine, s: dict, uniform, next_pieces, k: StepConstants) -> dict:
+    """One placement of every run with the shallow net: afterstates of every placement, V(s_t) and every V(f(s_t, a))
+    in one forward with theta_t, selection, delta_t, e += grad V(s_t) and theta += alpha delta_t e (eq. 1, 2, 4, 14),
+    then the games advance. `learner.decay_traces(s["decay"])` must run first (it holds the data-dependent fold).
+
+    s is the carry: boards (R, W) column bits, states (R, 21) input rows of s_t, pieces, holes_now, decay, score,
+    length, active, placements, abs_td_sum, episodes, scores, lengths. uniform (R, P + 1) and next_pieces (R,) are drawn
+    by the caller from the run's generator, so the compiled and eager steps play the same games. Branch-free and
+    shape-static under torch.compile: one graph, compiled once."""
+    P = engine.num_placements
+    after = engine(s["boards"], s["pieces"])  # every placement's afterstate f(s_t, a)
+    cand_states = shallow_indices(after.heights, after.holes, engine.height, k.encoding)
+    v_all, z, a = learner.values(torch.cat([cand_states, s["states"][:, None]], 1))
+    action, game_over, holes_next, td_error, step = choose_and_td_error(s, after, v_all[:, P], v_all[:, :P], uniform, k)
+    learner.accumulate(s["states"], z[:, P], a[:, P], s["decay"], step)
+    return advance_games(s, after, cand_states, action, game_over, holes_next, td_error, next_pieces, k)
+
+
+def compile_or_eager(fn):
+    """torch.compile(fn) as one graph with static shapes; if compiling fails (no C compiler, an unsupported op), one
+    warning line and `fn` itself from then on. Compilation fails before the graph runs, so nothing is applied twice."""
+    state = {"fn": torch.compile(fn, fullgraph=True, dynamic=False)}
+
+    def call(*args):
+        try:
+            return state["fn"](*args)
+        except Exception as err:  # noqa: BLE001  (any compiler failure: fall back to eager)
+            if state["fn"] is fn:
+                raise
+            first_line = (str(err).strip().splitlines() or [""])[0][:200]
+            print(f"warning: torch.compile failed ({type(err).__name__}: {first_line}); running eagerly")
+            state["fn"] = fn
+            return fn(*args)
+
+    return call
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -868,7 +988,6 @@ def main(args: Args) -> dict:
     pieces_tensor = torch.tensor(piece_set, device=device)
     P = engine.num_placements
     rng = torch.Generator(device=device).manual_seed(args.seed)
-    runs = torch.arange(R, device=device)
 
     # --- network ---
     learner = None
@@ -943,7 +1062,6 @@ def main(args: Args) -> dict:
     pieces = new_pieces()
     score = torch.zeros(R, device=device)
     length = torch.zeros(R, dtype=torch.long, device=device)
-    first_step = torch.ones(R, dtype=torch.bool, device=device)
     abs_td_sum = torch.zeros(R, device=device)
     abs_td_count = 0
     placements = 0
@@ -1010,60 +1128,44 @@ def main(args: Args) -> dict:
         raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    gamma_lambda = torch.tensor(args.gamma * args.lam, device=device)
+    k = StepConstants(
+        args.gamma, args.alpha, args.gamma * args.lam, args.tau0, args.tau_k, args.holes_scale, args.reward_timing,
+        empty_board, empty_state, target, _bias_encoding_table(height, width, device) if shallow else None,
+    )  # fmt: skip
+    carry = dict(boards=boards, states=states, pieces=pieces, holes_now=holes_now, decay=torch.zeros(R, device=device))
+    carry.update(score=score, length=length, active=active, placements=torch.zeros((), dtype=torch.long, device=device))
+    carry.update(abs_td_sum=abs_td_sum, episodes=episodes, scores=scores, lengths=lengths)
+    if shallow:
+        step_fn = compile_or_eager(shallow_step) if args.compile else shallow_step
+
+        def train_step(s, uniform, next_pieces):
+            learner.decay_traces(s["decay"])  # the data-dependent fold, eagerly (theta unchanged)
+            return step_fn(learner, engine, s, uniform, next_pieces, k)
+    else:
+
+        def train_step(s, uniform, next_pieces):
+            after = engine(s["boards"], s["pieces"])  # every placement's afterstate f(s_t, a)
+            v_t, grad_t = value_and_grad(s["states"])  # V(s_t), grad V(s_t) with the current theta_t
+            v_cand = value(after.boards)
+            action, game_over, holes_next, td_error, step = choose_and_td_error(s, after, v_t, v_cand, uniform, k)
+            update_traces_and_params(params, eligibility, grad_t, s["decay"], step)
+            return advance_games(s, after, after.boards, action, game_over, holes_next, td_error, next_pieces, k)
+
     try:
         while num_active:
-            tau = temperature(episodes.float(), args.tau0, args.tau_k)
-            after = engine(boards, pieces)  # every placement's afterstate f(s_t, a)
-            cand_states = encode(after)
-            if shallow:  # V(s_t) and every V(f(s_t, a)) in one forward with the current theta_t
-                v_all, z, a = learner.values(torch.cat([cand_states, states[:, None]], 1))
-                v_t, v_cand = v_all[:, P], v_all[:, :P]
-            else:
-                v_t, grad_t = value_and_grad(states)  # V(s_t), grad V(s_t) with the current theta_t
-                v_cand = value(cand_states)
-            # Afterstates where the piece does not fit are terminal: V = 0 (tetris.md §0).
-            v_cand = v_cand.masked_fill(after.game_over, 0.0)
             uniform = torch.rand(R, P + 1, generator=rng, device=device)
-            action, _ = select_placement(v_cand, tau, after.valid, uniform)
-            game_over = after.game_over[runs, action]
-            holes_next = after.holes[runs, action]
-            reward = td_reward(holes_next, game_over, holes_now, args.holes_scale, args.reward_timing)
-            td_error = reward + args.gamma * v_cand[runs, action] - v_t  # eq. 2 (V(s_{t+1}) = 0 when terminal)
-            decay = torch.where(first_step, 0.0, gamma_lambda)
-            step = args.alpha * td_error * active
-            if shallow:
-                learner.learn(states, z[:, P], a[:, P], decay, step)
-            else:
-                update_traces_and_params(params, eligibility, grad_t, decay, step)
-            abs_td_sum += td_error.abs() * active
+            carry = train_step(carry, uniform, new_pieces())
             abs_td_count += 1
-
-            # --- advance the games; a finished game restarts from the empty board with e = 0 ---
-            score += after.rows_cleared[runs, action]
-            length += 1
-            placements += num_active  # pieces placed by runs still learning (finished runs idle along)
-            over = game_over[:, None] if shallow else game_over[:, None, None]
-            boards = torch.where(over, empty_board, after.boards[runs, action])
-            states = torch.where(game_over.view(-1, *[1] * (states.dim() - 1)), empty_state, cand_states[runs, action])
-            holes_now = holes_next.masked_fill(game_over, 0)
-            if bool(game_over.any()):
-                slot = episodes.clamp(max=capacity - 1)
-                record = game_over & active
-                scores[runs, slot] = torch.where(record, score, scores[runs, slot])
-                lengths[runs, slot] = torch.where(record, length, lengths[runs, slot])
-                episodes += record
-                active = episodes < target
-                num_active = int(active.sum())
-                score.masked_fill_(game_over, 0)
-                length.masked_fill_(game_over, 0)
-            first_step = game_over
-            pieces = new_pieces()
+            if abs_td_count % 16 == 0:  # the loop's only host sync (a run that finished idles along until then)
+                num_active = int(carry["active"].sum())
+            abs_td_sum = carry["abs_td_sum"]
 
             now = time.time()
             if now - t_log >= args.log_every_seconds or not num_active:
                 done = episodes.cpu().numpy()
                 sc, ln = scores.cpu().numpy(), lengths.cpu().numpy()
+                placements = int(carry["placements"])
+                tau = temperature(episodes.float(), args.tau0, args.tau_k)
                 sps = placements / (now - t_start)
                 if not bool(torch.isfinite(abs_td_sum).all()):
                     bad = (~torch.isfinite(abs_td_sum)).nonzero().flatten().tolist()
@@ -1109,6 +1211,7 @@ def main(args: Args) -> dict:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        placements = int(carry["placements"])
 
     if args.total_episodes > 0:
         write_outputs(complete=not interrupted and "diverged" not in summary)

@@ -349,7 +349,9 @@ class ColumnEngine:
         fill = row_fill.gather(1, piece_rows.clamp(max=H - 1).view(B, P * D)).view(B, P, D) + row_cells
         full = (fill == W) & fits  # (B, P, D)
         rows_cleared = full.sum(-1)  # (B, P)
-        if bool(rows_cleared.any()):
+        # Eagerly the clears run only when some placement clears a row (rare); under torch.compile they always run
+        # (D iterations, no host sync, one graph).
+        if torch.compiler.is_compiling() or bool(rows_cleared.any()):
             low = torch.where(full, (1 << piece_rows) - 1, -1)  # -1 (all bits) where row d is not full: no change
             for d in range(D - 1, -1, -1):  # the highest row first
                 keep = low[..., d : d + 1]

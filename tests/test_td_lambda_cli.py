@@ -107,13 +107,13 @@ def test_non_finite_parameters_stop_the_run_and_keep_the_last_good_checkpoint(tm
     monkeypatch.chdir(tmp_path)
     good = run(total_episodes=5, num_runs=2, save_model=True)
     before = torch.load(good["checkpoint"], weights_only=True)["params"]["w2"].clone()
-    original = td.ShallowTD.learn
+    original = td.ShallowTD.accumulate  # the training step's part of the update (after decay_traces)
 
     def poisoned(self, *a):
         original(self, *a)
         self.v[1, 0] = float("nan")
 
-    monkeypatch.setattr(td.ShallowTD, "learn", poisoned)
+    monkeypatch.setattr(td.ShallowTD, "accumulate", poisoned)
     with pytest.raises(SystemExit, match="non-finite .* run.s. run1: training stopped"):
         run(resume=good["checkpoint"], num_runs=2, total_episodes=8, save_model=True, exp_name="poisoned")
     assert torch.equal(torch.load(good["checkpoint"], weights_only=True)["params"]["w2"], before)
