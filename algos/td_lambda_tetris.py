@@ -125,10 +125,11 @@ class Args:
     """temperature annealing rate tau_k (eq. 15)"""
     holes_scale: float | None = None
     """reward r(s) = exp(-holes / holes_scale) (default: 33 on a 20-row board (eq. 16), 16.5 on 10x10 (eq. 17))"""
-    # Evidence (results/tetris_reward_timing, 10 dSiLU runs x 3,000 episodes, same seeds, below the issue's 5k):
-    # final-1,000 mean 51.0 (next) vs 59.0 (current), sd over runs ~8: 'current' ahead by ~2 standard errors at a
-    # budget where both are still rising; the default stays 'next' until a longer comparison confirms it.
-    reward_timing: Literal["next", "current"] = "next"
+    # Default chosen on evidence (results/tetris_reward_timing, 10 dSiLU runs each, same seeds): final-1,000 mean
+    # 148.8 (current) vs 139.7 (next) at 5,000 episodes (z = 1.7; 'current' ahead in every 500-episode block from
+    # 1,501 on), and 59.0 vs 51.0 at 3,000 (z ~ 2). 'current' is also the paper's literal r_t. Runs before this
+    # change (Table 1's reduced rows, the 20k dSiLU run) used 'next': resume them with --reward-timing next.
+    reward_timing: Literal["next", "current"] = "current"
     """which state's reward enters delta_t = r + gamma V(s_{t+1}) - V(s_t): 'next' = r(s_{t+1}), the afterstate moved
     into (tetris.md §0; 0 when it is terminal); 'current' = r(s_t), the paper's literal r_t with r a function of the
     state, so V(s) holds the state's own reward (see `td_reward`)"""

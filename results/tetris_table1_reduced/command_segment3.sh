@@ -3,6 +3,6 @@
 # issue 11 asks for (the traces restart at resume, as on any resume). SIGTERM after 2 h 20 min writes everything reached.
 cd "$(dirname "$0")"
 OMP_NUM_THREADS=1 exec timeout -s TERM 8400 ../../.venv/bin/python ../../algos/td_lambda_tetris.py --network shallow \
-  --activation dsilu sigmoid silu relu --num-runs 10 --total-episodes 10000 --save-model \
+  --activation dsilu sigmoid silu relu --num-runs 10 --total-episodes 10000 --reward-timing next --save-model \
   --resume runs/SZTetris-v0__table1_reduced_seg2__shallow-dsilu+sigmoid+silu+relu__1__1795433848/td_lambda_tetris.pt \
   --write-every-minutes 3 --log-every-seconds 60 --exp-name table1_reduced_seg3
