@@ -3,5 +3,5 @@
 # (the traces restart at resume, as on any resume); SIGTERM after 16 min 40 s writes everything reached.
 cd "$(dirname "$0")"
 OMP_NUM_THREADS=1 exec timeout -s TERM 1000 ../../.venv/bin/python ../../algos/td_lambda_tetris.py --network shallow \
-  --activation dsilu sigmoid silu relu --num-runs 10 --total-episodes 4000 --save-model \
+  --activation dsilu sigmoid silu relu --num-runs 10 --total-episodes 4000 --reward-timing next --save-model \
   --resume segment1/td_lambda_tetris.pt --write-every-minutes 3 --log-every-seconds 60 --exp-name table1_reduced_seg2
