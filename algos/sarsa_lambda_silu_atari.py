@@ -687,6 +687,27 @@ def eta_seconds(remaining_episodes: int, lengths, steps_per_second: float, recen
     return remaining_episodes * float(np.mean(lengths[-recent:])) / steps_per_second
 
 
+class stop_signals:
+    """`with stop_signals() as stopped:` SIGINT and SIGTERM (even when a background shell ignored SIGINT) end the loop
+    at the next `stopped()` check, so that the summary and the checkpoint are written; the old handlers come back.
+    A flag, not an exception: an exception raised from a handler lands in whatever code runs at that moment, and
+    torch.compile's guard code swallows it (a `--compile` run under `timeout -s TERM` then never stopped)."""
+
+    def __enter__(self):
+        self.received = False
+
+        def handler(signum, frame):
+            self.received = True
+
+        self.previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return lambda: self.received
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
 def fmt_time(seconds: float) -> str:
     seconds = int(max(seconds, 0))
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
@@ -842,12 +863,8 @@ def main(args: Args) -> dict:
         abs_td, q_mean, td_count = 0.0, 0.0, 0
         t_log = t_checkpoint = time.time()
 
-        def stop(signum, frame):  # SIGTERM (and SIGINT, even when a background shell ignored it) stop cleanly
-            raise KeyboardInterrupt
-
-        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            while episodes < args.total_episodes:
+        with stop_signals() as stopped:
+            while episodes < args.total_episodes and not stopped():
                 # Q_t(s_t, a_t) and grad_theta Q_t(s_t, a_t) per env, one vmapped call, while the emulators play a_t
                 q_taken, grad_q = q_and_grad(base, params, obs, actions)
                 next_obs_np, rewards, terminated, truncated, info = envs.recv()
@@ -925,12 +942,9 @@ def main(args: Args) -> dict:
                     if now - t_checkpoint >= 60 * args.write_every_minutes:
                         write_outputs(complete=False)
                         t_checkpoint = now
-        except KeyboardInterrupt:
-            interrupted = True
+            interrupted = stopped() and episodes < args.total_episodes  # a signal after the end changes nothing
+        if interrupted:
             print("interrupted: writing the summary, the learning curve and (with --save-model) the checkpoint")
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
     envs.close()
 
     write_outputs(complete=not interrupted and "diverged" not in summary)

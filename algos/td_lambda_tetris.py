@@ -750,6 +750,10 @@ def load_checkpoint(path: str, args: Args) -> dict:
         raise ValueError(f"--resume {path!r} holds another architecture ({diff}); pass matching flags")
     if ckpt["num_runs"] != args.num_runs:
         raise ValueError(f"--resume {path!r} holds {ckpt['num_runs']} runs; pass --num-runs {ckpt['num_runs']}")
+    # V means a different thing under each reward timing; checkpoints written before the flag existed used 'next'
+    timing = ckpt.get("args", {}).get("reward_timing", "next")
+    if timing != args.reward_timing:
+        raise ValueError(f"--resume {path!r} was trained with --reward-timing {timing}; pass --reward-timing {timing}")
     if 0 < args.total_episodes <= int(ckpt["episodes"].min()):
         raise ValueError(
             f"--resume {path!r} is already at episode {int(ckpt['episodes'].min()):,} (slowest run); raise "
@@ -887,6 +891,27 @@ def write_value_analysis(run_dir, episodes, gamma):
 # ----------------------------------------------------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------------------------------------------------
+class stop_signals:
+    """`with stop_signals() as stopped:` SIGINT and SIGTERM (even when a background shell ignored SIGINT) end the loop
+    at the next `stopped()` check, so that the summary and the checkpoint are written; the old handlers come back.
+    A flag, not an exception: an exception raised from a handler lands in whatever code runs at that moment, and
+    torch.compile's guard code swallows it (a `--compile` run under `timeout -s TERM` then never stopped)."""
+
+    def __enter__(self):
+        self.received = False
+
+        def handler(signum, frame):
+            self.received = True
+
+        self.previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return lambda: self.received
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
 def fmt_time(seconds: float) -> str:
     seconds = int(max(seconds, 0))
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
@@ -1125,10 +1150,6 @@ def main(args: Args) -> dict:
         with open(os.path.join(run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
 
-    def stop(signum, frame):  # SIGTERM (and SIGINT, even when a background shell ignored it) stop cleanly
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     k = StepConstants(
         args.gamma, args.alpha, args.gamma * args.lam, args.tau0, args.tau_k, args.holes_scale, args.reward_timing,
         empty_board, empty_state, target, _bias_encoding_table(height, width, device) if shallow else None,
@@ -1152,8 +1173,8 @@ def main(args: Args) -> dict:
             update_traces_and_params(params, eligibility, grad_t, s["decay"], step)
             return advance_games(s, after, after.boards, action, game_over, holes_next, td_error, next_pieces, k)
 
-    try:
-        while num_active:
+    with stop_signals() as stopped:
+        while num_active and not stopped():
             uniform = torch.rand(R, P + 1, generator=rng, device=device)
             carry = train_step(carry, uniform, new_pieces())
             abs_td_count += 1
@@ -1206,13 +1227,10 @@ def main(args: Args) -> dict:
                     t_checkpoint = now
                     if "diverged" in summary:
                         break
-    except KeyboardInterrupt:
-        interrupted = True
+        interrupted = stopped() and bool(num_active)  # a signal after the last episode changes nothing
+    if interrupted:
         print("interrupted: writing the summary, the learning curve and (with --save-model) the checkpoint")
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        placements = int(carry["placements"])
+    placements = int(carry["placements"])
 
     if args.total_episodes > 0:
         write_outputs(complete=not interrupted and "diverged" not in summary)

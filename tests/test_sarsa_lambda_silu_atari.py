@@ -5,6 +5,7 @@ import copy
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -530,3 +531,22 @@ def test_command_line_error_is_one_line(tmp_path):
                          env=env, timeout=120)  # fmt: skip
     assert out.returncode != 0 and out.stderr.strip() == "error: --num-envs must be at least 1, got 0"
     assert not (tmp_path / "runs").exists()
+
+
+def test_sigterm_stops_the_loop_and_writes_the_summary(tmp_path):
+    """The handler sets a flag that the loop reads, so a stop never lands between sending and receiving an env step."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPT, "--env-id", "ALE/Breakout-v5", "--max-episode-frames", "600",
+         "--total-episodes", "100000", "--log-every-seconds", "1"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    for line in proc.stdout:
+        if line.startswith("episodes ") and not line.startswith("episodes 0/"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "interrupted: writing" in rest
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["complete"] is False and 0 < summary["episodes"] < 100000
