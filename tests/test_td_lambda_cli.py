@@ -228,6 +228,7 @@ def test_sigterm_stops_a_compiled_run(tmp_path):
     """Raising from the signal handler once landed in torch.compile's guard code, which swallowed it (the run went on
     for good in about 1 of 4 tries); the handler now only sets a flag. Ten signals, each at a random moment."""
     for attempt in range(10):
+        (tmp_path / str(attempt)).mkdir()
         code, out = stop_with_sigterm_after_progress(tmp_path / str(attempt), "--compile", progress_lines=3, timeout=60)
         assert code == 0 and "interrupted: writing" in out
 
