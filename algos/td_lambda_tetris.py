@@ -917,14 +917,15 @@ def fmt_time(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
 
 
-def eta_seconds(remaining_episodes: np.ndarray, recent_length: np.ndarray, placements_per_second: float) -> float:
-    """Seconds left if every remaining episode of run r is as long as run r's recent mean length, at the current
-    placement rate: sum_r remaining_r length_r / rate. Episodes lengthen as the agent learns, so while the curve still
-    rises this is a lower bound (the progress line says so)."""
-    remaining = float(np.sum(np.maximum(remaining_episodes, 0) * recent_length))
+def eta_seconds(remaining_episodes: np.ndarray, recent_length: np.ndarray, steps_per_second: float) -> float:
+    """Seconds left if every remaining episode of run r is as long as run r's recent mean length. Every run places one
+    piece per step of the batched loop (a run that has finished idles along), so the run with the most placements
+    left sets the time: max_r remaining_r length_r / (loop steps per second). Episodes lengthen as the agent learns,
+    so while the curve still rises this is a lower bound (the progress line says so)."""
+    remaining = float(np.max(np.maximum(remaining_episodes, 0) * recent_length, initial=0.0))
     if remaining == 0:
         return 0.0
-    return remaining / placements_per_second if placements_per_second > 0 else float("inf")
+    return remaining / steps_per_second if steps_per_second > 0 else float("inf")
 
 
 def score_summary(scores: np.ndarray, counts: np.ndarray, final_window: int) -> dict:
@@ -1189,6 +1190,7 @@ def main(args: Args) -> dict:
                 placements = int(carry["placements"])
                 tau = temperature(episodes.float(), args.tau0, args.tau_k)
                 sps = placements / (now - t_start)
+                steps_per_second = abs_td_count / max(now - t_log, 1e-9)  # loop steps since the last line
                 if not bool(torch.isfinite(abs_td_sum).all()):
                     bad = (~torch.isfinite(abs_td_sum)).nonzero().flatten().tolist()
                     summary["diverged"] = f"non-finite TD error in run(s) {', '.join(run_tag(r) for r in bad)}"
@@ -1213,7 +1215,7 @@ def main(args: Args) -> dict:
                     for act, a_, b_ in groups
                 ]
                 progress = int(done.min())
-                eta = eta_seconds(args.total_episodes - done, recent_len, sps)
+                eta = eta_seconds(args.total_episodes - done, recent_len, steps_per_second)
                 print(
                     f"episodes {int(progress):,}/{args.total_episodes:,} (slowest run) | placements {placements:,} | "
                     f"{sps:,.0f} placements/s | mean score, last 1000 ep.: {', '.join(recent)} | "

@@ -249,7 +249,8 @@ def test_table1_statistics_by_hand():
     assert td.score_summary(scores, np.array([1, 3]), 1000)["final_window"] == 1  # the slowest run bounds it
 
 
-def test_eta_is_a_sum_of_remaining_episodes_times_recent_length_over_the_rate():
-    eta = td.eta_seconds(np.array([10, 0, -3]), np.array([300.0, 50.0, 80.0]), 1000.0)
-    assert eta == pytest.approx(10 * 300 / 1000)
+def test_eta_is_the_slowest_runs_remaining_placements_over_the_loop_step_rate():
+    # the runs step together: run 0 has 10 x 300 placements left, run 3 has 40 x 50; finished runs count nothing
+    eta = td.eta_seconds(np.array([10, 0, -3, 40]), np.array([300.0, 50.0, 80.0, 50.0]), 100.0)
+    assert eta == pytest.approx(10 * 300 / 100)
     assert td.eta_seconds(np.array([0, 0]), np.array([1.0, 1.0]), 0.0) == 0.0
