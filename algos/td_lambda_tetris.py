@@ -1272,9 +1272,11 @@ def main(args: Args) -> dict:
         else:
             ids = [int(args.eval_run)]
         summary["eval_runs"] = ids
-        theta = {k: v[ids].clone() for k, v in current_params().items()}
+        games = max(1, EVAL_GAMES // len(ids))  # parallel games per evaluated run, each on its own copy of theta
+        copies = torch.tensor(ids, device=device).repeat_interleave(games)
+        theta = {k: v[copies].clone() for k, v in current_params().items()}
         if shallow:
-            eval_learner = ShallowTD(theta, [(args.activation[0], 0, len(ids))])
+            eval_learner = ShallowTD(theta, [(args.activation[0], 0, len(copies))])
 
             def eval_value(states):
                 return eval_learner.values(states)[0]
@@ -1301,6 +1303,7 @@ def main(args: Args) -> dict:
                 empty_state,
                 pieces_tensor,
                 collect_values=(k == 0) * args.value_analysis_episodes,
+                games=games,
             )
             values_collected = result.pop("value_episodes")
             if k == 0:
@@ -1321,69 +1324,90 @@ def main(args: Args) -> dict:
     return summary
 
 
+EVAL_GAMES = 64  # games played at once in evaluation, split over the evaluated runs (one run alone plays 64)
+
+
 @torch.no_grad()
 def evaluate(
-    args, engine, encode, value, kind, x, R, device, empty_board, empty_state, pieces_tensor, collect_values=0
+    args, engine, encode, value, kind, x, R, device, empty_board, empty_state, pieces_tensor, collect_values=0, games=1
 ):
     """Play args.eval_episodes episodes per run without learning, with softmax at tau = x or epsilon-greedy with
     epsilon = x. Returns mean score and exploratory actions per episode (Table 3); records V(s_t) and the reward of
-    delta_t along each run's first ceil(collect_values / R) complete episodes for the value analysis (§4.1): whole
-    episodes per run, so the sample does not favour the short episodes that finish first."""
+    delta_t along each run's first ceil(collect_values / R) complete episodes for the value analysis (§4.1).
+
+    Each run plays `games` games at once (`value` holds `games` copies of each run's theta, run-major), each game a
+    fixed number of complete episodes, ceil(eval_episodes / games); a run's episodes are its games' episodes in
+    order, cut at eval_episodes. Whole episodes by index, never the first to finish, so neither the scores nor the
+    value-analysis sample favour the short episodes that finish first."""
+    G = R * games  # games in parallel; game g belongs to run g // games
+    per_game = -(-args.eval_episodes // games)
     rng = torch.Generator(device=device).manual_seed(args.seed + 10_000)
-    runs = torch.arange(R, device=device)
-    boards = empty_board.expand(R, *empty_board.shape).clone()
-    states = empty_state.expand(R, *empty_state.shape).clone()
-    pieces = pieces_tensor[torch.randint(len(pieces_tensor), (R,), generator=rng, device=device)]
-    tau = torch.full((R,), x if kind == "softmax" else 1.0, device=device)
-    score = torch.zeros(R, device=device)
-    explore = torch.zeros(R, device=device)
-    done = np.zeros(R, dtype=np.int64)
-    results_score, results_explore = [[] for _ in range(R)], [[] for _ in range(R)]
-    traj = [([], []) for _ in range(R)]
+    slots = torch.arange(G, device=device)
+    boards = empty_board.expand(G, *empty_board.shape).clone()
+    states = empty_state.expand(G, *empty_state.shape).clone()
+    pieces = pieces_tensor[torch.randint(len(pieces_tensor), (G,), generator=rng, device=device)]
+    tau = torch.full((G,), x if kind == "softmax" else 1.0, device=device)
+    score = torch.zeros(G, device=device)
+    explore = torch.zeros(G, device=device)
+    done = np.zeros(G, dtype=np.int64)
+    game_score, game_explore = [[] for _ in range(G)], [[] for _ in range(G)]
+    traj = [([], []) for _ in range(G)]
     value_episodes = []
     quota = min(-(-collect_values // R), args.eval_episodes)  # value-analysis episodes per run
-    holes_now = torch.zeros(R, dtype=torch.long, device=device)
-    while done.min() < args.eval_episodes:
+    quota_per_game = -(-quota // games)
+    holes_now = torch.zeros(G, dtype=torch.long, device=device)
+    while done.min() < per_game:
         v_t = value(states[:, None])[:, 0] if collect_values else None
         after = engine(boards, pieces)
         cand_states = encode(after)
         v_cand = value(cand_states).masked_fill(after.game_over, 0.0)
-        uniform = torch.rand(R, engine.num_placements + 1, generator=rng, device=device)
+        uniform = torch.rand(G, engine.num_placements + 1, generator=rng, device=device)
         action, exploratory = select_placement(
             v_cand, tau, after.valid, uniform, epsilon=x if kind == "epsilon" else None
         )
-        game_over = after.game_over[runs, action]
-        score += after.rows_cleared[runs, action]
+        game_over = after.game_over[slots, action]
+        score += after.rows_cleared[slots, action]
         explore += exploratory
-        holes_next = after.holes[runs, action]
+        holes_next = after.holes[slots, action]
         if collect_values:
             reward = td_reward(holes_next, game_over, holes_now, args.holes_scale, args.reward_timing)
-            for r in range(R):
-                traj[r][0].append(float(v_t[r]))
-                traj[r][1].append(float(reward[r]))
+            v_np, reward_np = v_t.cpu().numpy(), reward.cpu().numpy()
+            for g in np.flatnonzero(done < quota_per_game):
+                traj[g][0].append(float(v_np[g]))
+                traj[g][1].append(float(reward_np[g]))
         go = game_over.cpu().numpy()
-        for r in np.flatnonzero(go):
-            if done[r] < args.eval_episodes:
-                results_score[r].append(float(score[r]))
-                results_explore[r].append(float(explore[r]))
-                if done[r] < quota:
-                    value_episodes.append((int(r), traj[r][0], traj[r][1]))
-            done[r] += 1
-            traj[r] = ([], [])
+        for g in np.flatnonzero(go):
+            if done[g] < per_game:
+                game_score[g].append(float(score[g]))
+                game_explore[g].append(float(explore[g]))
+                if done[g] < quota_per_game:
+                    value_episodes.append((g // games, g, int(done[g]), traj[g][0], traj[g][1]))
+            done[g] += 1
+            traj[g] = ([], [])
         over = game_over.view(-1, *[1] * (boards.dim() - 1))
-        boards = torch.where(over, empty_board, after.boards[runs, action])
-        states = torch.where(game_over.view(-1, *[1] * (states.dim() - 1)), empty_state, cand_states[runs, action])
+        boards = torch.where(over, empty_board, after.boards[slots, action])
+        states = torch.where(game_over.view(-1, *[1] * (states.dim() - 1)), empty_state, cand_states[slots, action])
         holes_now = holes_next.masked_fill(game_over, 0)
         score.masked_fill_(game_over, 0)
         explore.masked_fill_(game_over, 0)
-        pieces = pieces_tensor[torch.randint(len(pieces_tensor), (R,), generator=rng, device=device)]
-    per_run = [float(np.mean(s)) for s in results_score]
+        pieces = pieces_tensor[torch.randint(len(pieces_tensor), (G,), generator=rng, device=device)]
+
+    def by_run(per_game_lists, r):  # run r's episodes: its games' episodes in order, cut at eval_episodes
+        return [v for g in range(r * games, (r + 1) * games) for v in per_game_lists[g]][: args.eval_episodes]
+
+    per_run = [float(np.mean(by_run(game_score, r))) for r in range(R)]
+    # the value-analysis sample: each run's first `quota` episodes in the same order (game, then episode)
+    kept, taken = [], np.zeros(R, dtype=np.int64)
+    for run, _, _, values, rewards in sorted(value_episodes, key=lambda e: e[:3]):
+        if taken[run] < quota:
+            kept.append((int(run), values, rewards))
+            taken[run] += 1
     return {
         "episodes": int(args.eval_episodes * R),
         "mean_score": float(np.mean(per_run)),
         "mean_score_per_run": per_run,
-        "exploratory_actions_per_episode": float(np.mean([np.mean(e) for e in results_explore])),
-        "value_episodes": value_episodes,
+        "exploratory_actions_per_episode": float(np.mean([np.mean(by_run(game_explore, r)) for r in range(R)])),
+        "value_episodes": kept,
     }
 
 
