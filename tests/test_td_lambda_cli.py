@@ -226,7 +226,7 @@ def test_sigterm_stops_the_loop_and_writes_the_summary_and_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_sigterm_stops_a_compiled_run(tmp_path):
     """Raising from the signal handler once landed in torch.compile's guard code, which swallowed it (the run went on
-    for good in about 1 of 4 tries); the handler now only sets a flag. Ten signals, each at a random moment."""
+    for good after 4 of 10 signals); the handler now only sets a flag. Ten signals, each at a random moment."""
     for attempt in range(10):
         (tmp_path / str(attempt)).mkdir()
         code, out = stop_with_sigterm_after_progress(tmp_path / str(attempt), "--compile", progress_lines=3, timeout=60)
