@@ -381,6 +381,8 @@ class ShallowTD:
         self.c = W1.new_ones(R)
         self.A = W1.new_zeros(R)
         self.row_offsets = (torch.arange(R, device=W1.device) * (F_ + 1)).view(R, 1, 1)
+        self.U_run = self.table[..., :Hd].unbind(0)  # per-run views for the fold
+        self.E_run = self.table[..., Hd:].unbind(0)
 
     def _by_group(self, fn, z):
         if len(self.groups) == 1:
@@ -408,17 +410,28 @@ class ShallowTD:
         """The W trace's part of e <- decay e (eq. 4): c <- decay c, then fold the runs whose c fell below
         `fold_below` (an episode start, decay = 0, always folds). Theta is unchanged, so this may run any time between
         the forward pass and `accumulate`. Data-dependent (which runs fold), so the compiled step leaves it outside."""
-        Hd = self.Hd
-        c = self.c * decay
-        fold = c < self.fold_below
+        self.fold_on_host(decay) if self.c.device.type == "cpu" else self.fold_on_device(decay)
+
+    def fold_on_host(self, decay: torch.Tensor):
+        """`decay_traces` on CPU tensors through numpy views of c and A: no tensor op per step but the folds."""
+        c, A = self.c.numpy(), self.A.numpy()
+        c *= decay.numpy()
+        for r in np.flatnonzero(c < self.fold_below):  # a few runs per step
+            self.U_run[r].add_(self.E_run[r], alpha=float(A[r]))  # U <- U + A E
+            self.E_run[r].mul_(float(c[r]))  # E <- c E
+            c[r], A[r] = 1.0, 0.0
+
+    def fold_on_device(self, decay: torch.Tensor):
+        """`decay_traces` with tensor ops (a GPU): the same arithmetic, one host sync per step."""
+        self.c.mul_(decay)
+        fold = self.c < self.fold_below
         if bool(fold.any()):
-            for r in fold.nonzero().flatten().tolist():  # a few runs per step, each folded in place
-                U, E = self.table[r, :, :Hd], self.table[r, :, Hd:]
-                U.addcmul_(E, self.A[r])
-                E.mul_(c[r])
-            c = torch.where(fold, 1.0, c)
+            runs = fold.nonzero().flatten()
+            for r, A_r, c_r in zip(runs.tolist(), self.A[runs].tolist(), self.c[runs].tolist(), strict=True):
+                self.U_run[r].add_(self.E_run[r], alpha=A_r)
+                self.E_run[r].mul_(c_r)
+            self.c.masked_fill_(fold, 1.0)
             self.A.masked_fill_(fold, 0.0)
-        self.c = c
 
     def accumulate(self, idx_t: torch.Tensor, z_t: torch.Tensor, a_t: torch.Tensor, decay: torch.Tensor, step):
         """The rest of `learn` once `decay_traces(decay)` has run: e += grad V(s_t), theta += step e. In place and
@@ -534,20 +547,30 @@ def shallow_step(learner: ShallowTD, engine: ColumnEngine, s: dict, uniform, nex
     s is the carry: boards (R, W) column bits, states (R, 21) input rows of s_t, pieces, holes_now, decay, score,
     length, active, placements, abs_td_sum, episodes, scores, lengths. uniform (R, P + 1) and next_pieces (R,) are drawn
     by the caller from the run's generator, so the compiled and eager steps play the same games. Branch-free and
-    shape-static under torch.compile: one graph, compiled once."""
+    shape-static under torch.compile. --compile compiles its two halves as two graphs (see `compiled_shallow_step`)."""
+    after, cand_states = shallow_afterstates(engine, s, k)
+    return shallow_learn(learner, engine, s, after, cand_states, uniform, next_pieces, k)
+
+
+def shallow_afterstates(engine: ColumnEngine, s: dict, k: StepConstants):
+    """Every placement's afterstate f(s_t, a) and its input rows (R, P, 21): the integer half of `shallow_step`."""
+    after = engine(s["boards"], s["pieces"])
+    return after, shallow_indices(after.heights, after.holes, engine.height, k.encoding)
+
+
+def shallow_learn(learner: ShallowTD, engine, s: dict, after, cand_states, uniform, next_pieces, k: StepConstants):
+    """The floating-point half of `shallow_step`: forward, selection, TD(lambda) update, the games advance."""
     P = engine.num_placements
-    after = engine(s["boards"], s["pieces"])  # every placement's afterstate f(s_t, a)
-    cand_states = shallow_indices(after.heights, after.holes, engine.height, k.encoding)
     v_all, z, a = learner.values(torch.cat([cand_states, s["states"][:, None]], 1))
     action, game_over, holes_next, td_error, step = choose_and_td_error(s, after, v_all[:, P], v_all[:, :P], uniform, k)
     learner.accumulate(s["states"], z[:, P], a[:, P], s["decay"], step)
     return advance_games(s, after, cand_states, action, game_over, holes_next, td_error, next_pieces, k)
 
 
-def compile_or_eager(fn):
+def compile_or_eager(fn, options=None):
     """torch.compile(fn) as one graph with static shapes; if compiling fails (no C compiler, an unsupported op), one
     warning line and `fn` itself from then on. Compilation fails before the graph runs, so nothing is applied twice."""
-    state = {"fn": torch.compile(fn, fullgraph=True, dynamic=False)}
+    state = {"fn": torch.compile(fn, fullgraph=True, dynamic=False, options=options)}
 
     def call(*args):
         try:
@@ -561,6 +584,24 @@ def compile_or_eager(fn):
             return fn(*args)
 
     return call
+
+
+def compiled_shallow_step(fallback: bool = True):
+    """`shallow_step` as two compiled graphs. The afterstate half is bit arithmetic on (R, P, W) int64 boards, whose
+    vectorised CPU code (inductor's 8-lane loads of the ragged W = 10 rows and the gathers) ran 3x slower than scalar
+    code here, so it is compiled with `cpp.simdlen = 1`; the floating-point half (exp in every activation) keeps the
+    vector code. Measured in README "Speed". fallback=False: no eager fallback (the tests)."""
+    compile_fn = (
+        compile_or_eager if fallback else lambda fn, options=None: torch.compile(fn, fullgraph=True, options=options)
+    )
+    afterstates = compile_fn(shallow_afterstates, options={"cpp.simdlen": 1})
+    learn = compile_fn(shallow_learn)
+
+    def step(learner, engine, s, uniform, next_pieces, k):
+        after, cand_states = afterstates(engine, s, k)
+        return learn(learner, engine, s, after, cand_states, uniform, next_pieces, k)
+
+    return step
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1159,7 +1200,7 @@ def main(args: Args) -> dict:
     carry.update(score=score, length=length, active=active, placements=torch.zeros((), dtype=torch.long, device=device))
     carry.update(abs_td_sum=abs_td_sum, episodes=episodes, scores=scores, lengths=lengths)
     if shallow:
-        step_fn = compile_or_eager(shallow_step) if args.compile else shallow_step
+        step_fn = compiled_shallow_step() if args.compile else shallow_step
 
         def train_step(s, uniform, next_pieces):
             learner.decay_traces(s["decay"])  # the data-dependent fold, eagerly (theta unchanged)

@@ -280,6 +280,22 @@ def columns_to_boards(columns: torch.Tensor, height: int) -> torch.Tensor:
     return ((columns[..., None, :] >> bit[:, None]) & 1).to(torch.uint8)
 
 
+def bit_length(columns: torch.Tensor) -> torch.Tensor:
+    """The bit length of non-negative integers below 2^24 (a column's height), 0 for 0. Eagerly frexp's exponent (one
+    ATen kernel); under torch.compile `bit_length_by_bitcast`, which inductor turns into a few integer instructions
+    where frexp stays a libm call per element."""
+    if torch.compiler.is_compiling():
+        return bit_length_by_bitcast(columns)
+    return torch.frexp(columns.float())[1].long()
+
+
+def bit_length_by_bitcast(columns: torch.Tensor) -> torch.Tensor:
+    """`bit_length` from the exponent field of the float32, read through a bitcast: x in [2^(k-1), 2^k) has biased
+    exponent k - 1 + 127. Exact below 2^24."""
+    exponent = (columns.float().view(torch.int32) >> 23) - 126
+    return torch.where(columns > 0, exponent, 0).long()
+
+
 class ColumnEngine:
     """`AfterstateEngine`'s rules on boards held as column bits: (B, W) int64, bit y = the cell y rows above the floor.
 
@@ -292,7 +308,7 @@ class ColumnEngine:
       (cells of the piece in that row, a table entry) = W;
     - clears: each full row y is cut out of every column, (col & (2^y - 1)) | ((col >> 1) & ~(2^y - 1)), the highest
       row first so the lower rows keep their index;
-    - heights: the bit length of each column (frexp's exponent, exact below 2^24); holes: the sum of heights minus the
+    - heights: the bit length of each column (`bit_length`); holes: the sum of heights minus the
       cells, which are known without a scan (before + 4 for a piece that fits - W per cleared row).
 
     tests/test_tetris_rules.py checks every output against AfterstateEngine on boards from random play.
@@ -337,7 +353,7 @@ class ColumnEngine:
         """columns (B, W) int64, pieces (B,) long -> Afterstates whose `boards` are (B, P, W) column bits."""
         B, W = columns.shape
         H, P, D = self.height, self.num_placements, self.piece_rows
-        heights = torch.frexp(columns.float())[1].long()  # (B, W) bit lengths = column heights
+        heights = bit_length(columns)  # (B, W) column heights
         row_fill = ((columns[:, :, None] >> self.rows) & 1).sum(1)  # (B, H) cells per row, from the floor
         cells = row_fill.sum(-1, keepdim=True)  # (B, 1)
         table = self.table[pieces]  # (B, P, 2W + 1 + D)
@@ -356,7 +372,7 @@ class ColumnEngine:
             for d in range(D - 1, -1, -1):  # the highest row first
                 keep = low[..., d : d + 1]
                 after = (after & keep) | ((after >> 1) & ~keep)
-        new_heights = torch.frexp(after.float())[1].long()  # (B, P, W)
+        new_heights = bit_length(after)  # (B, P, W)
         new_cells = cells + 4 * fits[..., 0] - W * rows_cleared
         new_holes = new_heights.sum(-1) - new_cells
         return Afterstates(after, rows_cleared, ~fits[..., 0], self.valid[pieces], new_heights, new_holes)

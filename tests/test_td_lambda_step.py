@@ -34,9 +34,9 @@ def make_step_setup(dtype):
     return engine, params, k
 
 
-def play_step(step_fn, dtype, steps):
-    """Run `steps` steps of `step_fn` (shallow_step or its compiled form) as main's loop does; returns the boards after
-    every step, the final carry and theta."""
+def play_step(step_fn, dtype, steps, fold="decay_traces"):
+    """Run `steps` steps of `step_fn` (shallow_step or its compiled form) as main's loop does, the traces decayed and
+    folded by the learner's method `fold`; returns the boards after every step, the final carry and theta."""
     engine, params, k = make_step_setup(dtype)
     learner = td.ShallowTD(params, GROUPS)
     rng = torch.Generator().manual_seed(1)
@@ -54,7 +54,7 @@ def play_step(step_fn, dtype, steps):
     boards = []
     for _ in range(steps):
         uniform = torch.rand(R, engine.num_placements + 1, generator=rng)
-        learner.decay_traces(carry["decay"])
+        getattr(learner, fold)(carry["decay"])
         carry = step_fn(learner, engine, carry, uniform, new_pieces(), k)
         boards.append(carry["boards"])
     return torch.stack(boards), carry, learner.parameters()
@@ -122,12 +122,23 @@ def test_shallow_step_plays_the_reference_games_with_the_reference_update():
         assert torch.allclose(theta[name], ref_theta[name], atol=1e-9), name
 
 
+def test_trace_fold_through_numpy_views_equals_the_tensor_fold():
+    """decay_traces on a CPU takes numpy views of c and A (fold_on_host); a GPU takes tensor ops (fold_on_device).
+    The same float32 arithmetic: the same games and the same theta, bit for bit."""
+    host_boards, host, host_theta = play_step(td.shallow_step, torch.float32, 200, fold="fold_on_host")
+    boards, carry, theta = play_step(td.shallow_step, torch.float32, 200, fold="fold_on_device")
+    assert torch.equal(boards, host_boards)
+    assert int(carry["episodes"].sum()) > 0  # some episodes ended: the fold at decay 0 ran
+    for name in theta:
+        assert torch.equal(theta[name], host_theta[name]), name
+
+
 @pytest.mark.slow
 def test_compiled_step_plays_the_same_games_as_the_eager_step():
     """torch.compile of shallow_step (about a minute of compilation on the project CPU) against eager, float32 as in
     training: the same boards after each of 200 steps, the same recorded scores and lengths, theta allclose."""
     eager_boards, eager, eager_theta = play_step(td.shallow_step, torch.float32, 200)
-    compiled = torch.compile(td.shallow_step, fullgraph=True, dynamic=False)  # fails loudly here, no fallback
+    compiled = td.compiled_shallow_step(fallback=False)  # the two graphs --compile runs; fails loudly, no fallback
     boards, carry, theta = play_step(compiled, torch.float32, 200)
     assert torch.equal(boards, eager_boards)
     for name in ("episodes", "scores", "lengths", "placements"):

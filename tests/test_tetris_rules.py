@@ -20,6 +20,8 @@ from envs.tetris import (
     TetrisEnv,
     Z,
     bertsekas_features,
+    bit_length,
+    bit_length_by_bitcast,
     boards_to_columns,
     columns_to_boards,
     num_placements,
@@ -255,3 +257,15 @@ def test_column_engine_equals_the_board_engine_along_random_play(variant):
         over = a.game_over[runs, action]
         boards = torch.where(over[:, None, None], 0, a.boards[runs, action]).to(torch.uint8)
     assert cleared > 1000
+
+
+@pytest.mark.parametrize("fn", [bit_length, bit_length_by_bitcast])
+def test_bit_length_equals_python_bit_length_up_to_2_pow_24(fn):
+    x = torch.arange(1 << 24, dtype=torch.long)
+    # int.bit_length is k on [2^(k-1), 2^k): a step of +1 at every power of two, 0 at 0
+    expected = torch.zeros(1 << 24, dtype=torch.long)
+    for k in range(24):
+        expected[1 << k :] += 1
+    assert torch.equal(fn(x), expected)
+    values = (0, 1, 5, 1023, 1024, (1 << 24) - 1)
+    assert [int(v) for v in fn(torch.tensor(values))] == [v.bit_length() for v in values]
