@@ -146,8 +146,9 @@ class Args:
     fully connected layer has 250"""
 
     compile: bool = False
-    """shallow net: run the training step as one torch.compile graph (inductor; needs a C compiler on CPU, falls back
-    to eager with a warning; ~1 minute of compilation at the start). Same maths and the same games as without it"""
+    """shallow net: run the training step as two torch.compile graphs, the afterstates and the update (inductor; needs
+    a C compiler on CPU, falls back to eager with a warning; ~1 minute of compilation at the start). Same maths and the
+    same games as without it"""
 
     # --- evaluation and analysis (§4.1, §4.2) ---
     final_window: int | None = None
