@@ -411,7 +411,10 @@ class ShallowTD:
         """The W trace's part of e <- decay e (eq. 4): c <- decay c, then fold the runs whose c fell below
         `fold_below` (an episode start, decay = 0, always folds). Theta is unchanged, so this may run any time between
         the forward pass and `accumulate`. Data-dependent (which runs fold), so the compiled step leaves it outside."""
-        self.fold_on_host(decay) if self.c.device.type == "cpu" else self.fold_on_device(decay)
+        if self.c.device.type == "cpu":
+            self.fold_on_host(decay)
+        else:
+            self.fold_on_device(decay)
 
     def fold_on_host(self, decay: torch.Tensor):
         """`decay_traces` on CPU tensors through numpy views of c and A: no tensor op per step but the folds."""
@@ -592,9 +595,7 @@ def compiled_shallow_step(fallback: bool = True):
     vectorised CPU code (inductor's 8-lane loads of the ragged W = 10 rows and the gathers) ran 3x slower than scalar
     code here, so it is compiled with `cpp.simdlen = 1`; the floating-point half (exp in every activation) keeps the
     vector code. Measured in README "Speed". fallback=False: no eager fallback (the tests)."""
-    compile_fn = (
-        compile_or_eager if fallback else lambda fn, options=None: torch.compile(fn, fullgraph=True, options=options)
-    )
+    compile_fn = compile_or_eager if fallback else functools.partial(torch.compile, fullgraph=True, dynamic=False)
     afterstates = compile_fn(shallow_afterstates, options={"cpp.simdlen": 1})
     learn = compile_fn(shallow_learn)
 
