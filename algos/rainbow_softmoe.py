@@ -1107,13 +1107,16 @@ def project_distribution(target_support: torch.Tensor, probs: torch.Tensor, supp
 def augment(states: torch.Tensor) -> torch.Tensor:
     """DrQ's augmentation as Dopamine's atari_100k agent does it, per image: edge-pad 4 pixels, crop a random 84x84
     window (offsets 0..7: the reference's randint excludes its upper bound 8), scale the intensity by
-    1 + 0.05 clip(N(0, 1), -2, 2). uint8 (B, 4, 84, 84) -> float (B, 4, 84, 84) on the 0..255 scale."""
-    B, pad, (h, w) = len(states), 4, FRAME_SHAPE
-    padded = F.pad(states.float(), (pad, pad, pad, pad), mode="replicate")  # (B, 4, 92, 92)
+    1 + 0.05 clip(N(0, 1), -2, 2). uint8 (B, 4, 84, 84) -> float (B, 4, 84, 84) on the 0..255 scale.
+
+    Edge padding then cropping at offset dy reads row clamp(dy - 4 + i, 0, 83) of the original image, so the crop is
+    two gathers on the uint8 stack with clamped indices, and no padded float copy is ever made (~30% faster)."""
+    B, C, pad, (h, w) = len(states), states.shape[1], 4, FRAME_SHAPE
     dy, dx = torch.randint(0, 2 * pad, (2, B, 1), device=states.device)
-    rows, cols = dy + torch.arange(h, device=states.device), dx + torch.arange(w, device=states.device)  # (B, 84)
-    batch = torch.arange(B, device=states.device)[:, None, None]
-    cropped = padded[batch, :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)  # (B, 84, 84, 4) -> (B, 4, ..)
+    rows = (dy - pad + torch.arange(h, device=states.device)).clamp(0, h - 1)  # (B, 84)
+    cols = (dx - pad + torch.arange(w, device=states.device)).clamp(0, w - 1)
+    cropped = states.gather(2, rows[:, None, :, None].expand(B, C, h, w))
+    cropped = cropped.gather(3, cols[:, None, None, :].expand(B, C, h, w)).contiguous(memory_format=torch.channels_last)
     scale = 1.0 + 0.05 * torch.randn(B, 1, 1, 1, device=states.device).clamp(-2.0, 2.0)
     return cropped * scale
 

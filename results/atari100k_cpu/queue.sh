@@ -18,6 +18,9 @@ PY=${PYTHON:-$ROOT/.venv/bin/python}
 OUT=$ROOT/results/atari100k_cpu
 WORK=$OUT/work
 export OMP_NUM_THREADS=1
+# glibc: keep freed tensor memory in the heap instead of returning it to the OS and page-faulting it back on the next
+# update (the experts' 8 MB activations); ~12% faster updates on this CPU, the same maths
+export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4000000000
 
 jobs=()
 for seed in 1 2 3; do
