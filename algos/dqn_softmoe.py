@@ -182,8 +182,8 @@ class Args:
     # --- analysis (Fig. 10) ---
     analysis_every: int = 250_000
     """agent steps between network analyses on 32 replay transitions (dormant neurons; feature norm and srank of the
-    head's input and of the experts' hidden layer; empirical NTK rank of the per-sample training loss; expert load);
-    0 = never"""
+    head's input and of the experts' hidden layer; empirical NTK rank of the per-sample training loss; expert load;
+    Soft MoE's routing entropies and token diversity); 0 = never"""
     ntk_memory_mb: int = 512
     """memory for the per-sample gradients of the empirical NTK; larger networks take several passes"""
 
@@ -646,7 +646,7 @@ class SoftMoE(nn.Module):
         outputs, dispatch, combine, hidden = soft_moe(
             tokens, phi, self.experts, self.scalar if self.normalize else None
         )
-        return outputs, {"dispatch": dispatch, "combine": combine, "hidden": hidden}
+        return outputs, {"dispatch": dispatch, "combine": combine, "hidden": hidden, "tokens": tokens}
 
 
 def top1_route(probs: torch.Tensor, capacity: int):
@@ -913,7 +913,7 @@ def main(args: Args) -> dict:
                 if period_crossed(last_sync, global_step, args.target_network_frequency):
                     target_net.load_state_dict(q_net.state_dict())
                 if args.analysis_every and period_crossed(last_sync, global_step, args.analysis_every):
-                    log_analysis(run, q_net, target_net, replay, rng, args, global_step, device)
+                    log_analysis(run, q_net, target_net, replay, args, global_step, device)
                 last_sync = global_step
 
             next_obs, rewards, terminated, truncated, info = envs.recv()
@@ -1348,6 +1348,34 @@ def threshold_rank(matrix: torch.Tensor, t: float = 0.01) -> int:
     return int((sigma / sigma[0].clamp_min(1e-12) > t).sum())
 
 
+def routing_statistics(aux: dict) -> dict[str, float]:
+    """How much Soft MoE routes, on one batch. Entropy of each slot's dispatch weights over the m tokens / log m, and
+    of each token's combine weights over the n p slots / log(n p): at 1 every slot is the mean of all tokens and every
+    output token is the same vector, so the layer is global average pooling followed by the experts (where it starts:
+    Phi's lecun_normal logits are ~0.01 on the Nature CNN's tokens). Token diversity: the variance of the tokens across
+    positions over their mean squared norm (0: every position carries the same vector), of the encoder's tokens (in)
+    and of the layer's output tokens (out, the Q head's input)."""
+    dispatch, combine = aux["dispatch"], aux["combine"]
+    B, m, n, p = dispatch.shape
+
+    def entropy(probs: torch.Tensor, dim: int) -> torch.Tensor:
+        return -(probs * probs.clamp_min(1e-30).log()).sum(dim)
+
+    def diversity(tokens: torch.Tensor) -> float:  # (B, m, d)
+        spread = tokens.var(1, unbiased=False).sum(-1) / tokens.pow(2).sum(-1).mean(1).clamp_min(1e-30)
+        return float(spread.mean())
+
+    out = {
+        "token_diversity_in": diversity(aux["tokens"]),
+        "token_diversity_out": diversity(aux["head_input"].view(B, m, -1)),
+    }
+    if m > 1:
+        out["routing_dispatch_entropy"] = float(entropy(dispatch, 1).mean() / math.log(m))
+    if n * p > 1:
+        out["routing_combine_entropy"] = float(entropy(combine.reshape(B, m, n * p), -1).mean() / math.log(n * p))
+    return out
+
+
 def empirical_ntk(per_sample_loss, params: list, batch_size: int, memory_bytes: int = 2**29) -> torch.Tensor:
     """K_ij = <grad l_i, grad l_j> over all parameters, l_i = per_sample_loss(i) the training loss of sample i alone
     (B x B). One forward/backward per sample; when B x #params floats exceed `memory_bytes`, the parameter vector is
@@ -1370,7 +1398,8 @@ def network_analysis(q_net, target_net, batch: dict, args: Args) -> dict[str, fl
     hidden units (the experts' hidden layer for MoEs, as the reference's DQN agent); feature norm and srank of the Q
     head's input (the flattened MoE output, what the reference's Rainbow agent measures) and of the experts' hidden
     layer; the rank of the empirical NTK of the per-sample training loss; for MoEs the expert load (combine mass per
-    expert for Soft MoE, routed-token share for Top1) and Top1's dropped tokens."""
+    expert for Soft MoE, routed-token share for Top1), Top1's dropped tokens and Soft MoE's routing entropies and token
+    diversity (`routing_statistics`)."""
     with torch.no_grad():
         _, metrics = dqn_loss(q_net, target_net, batch, args)
     aux = metrics["aux"]
@@ -1401,6 +1430,7 @@ def network_analysis(q_net, target_net, batch: dict, args: Args) -> dict[str, fl
         per_token = aux["combine"].sum(-1)  # (B, m, n): combine mass of each expert for each token
         load = per_token.mean((0, 1))  # share of the combine mass per expert (sums to 1)
         top = per_token.argmax(-1)  # the reference's logged "top_experts"
+        out.update(routing_statistics(aux))
     elif "router_probs" in aux:
         top = aux["expert"]
         load = F.one_hot(top, aux["router_probs"].shape[-1]).float().mean((0, 1))  # share of the routed tokens
@@ -1414,12 +1444,15 @@ def network_analysis(q_net, target_net, batch: dict, args: Args) -> dict[str, fl
     return out
 
 
-def log_analysis(run: Run, q_net, target_net, replay, rng, args: Args, global_step: int, device):
-    batch = to_tensors(replay.sample(32, rng, args.n_step, args.gamma), device)
-    analysis = network_analysis(q_net, target_net, batch, args) | {"global_step": global_step}
-    for k, v in analysis.items():
-        run.writer.add_scalar(f"analysis/{k}", v, global_step)
-    run.summary["analysis"] = analysis
+def log_analysis(run: Run, q_net, target_net, replay, args: Args, global_step: int, device):
+    """The analysis draws its own random numbers (a generator seeded by the step; torch's generators forked and
+    restored), so turning it on or off leaves the training run, its games and its updates, unchanged."""
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if device.type == "cuda" else []):
+        batch = to_tensors(replay.sample(32, np.random.default_rng(global_step), args.n_step, args.gamma), device)
+        analysis = network_analysis(q_net, target_net, batch, args) | {"global_step": global_step}
+        for k, v in analysis.items():
+            run.writer.add_scalar(f"analysis/{k}", v, global_step)
+        run.summary["analysis"] = analysis
 
 
 # ======================================================================================================================

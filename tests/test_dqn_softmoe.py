@@ -545,6 +545,37 @@ def test_analysis_metrics_on_hand_made_inputs():
     assert dqn.feature_norm(features) == pytest.approx(math.sqrt(2))
 
 
+def test_routing_statistics_are_1_for_average_pooling_and_0_for_one_token_per_slot():
+    B, m, n, p, d = 2, 4, 2, 2, 3
+    tokens = torch.randn(B, m, d)
+    uniform = torch.full((B, m, n, p), 1.0 / m), torch.full((B, m, n, p), 1.0 / (n * p))
+    same_output = tokens.mean(1, keepdim=True).expand(B, m, d)  # what uniform routing gives every position
+    aux = {"dispatch": uniform[0], "combine": uniform[1], "tokens": tokens, "head_input": same_output.flatten(1)}
+    out = dqn.routing_statistics(aux)
+    assert out["routing_dispatch_entropy"] == pytest.approx(1.0) and out["routing_combine_entropy"] == pytest.approx(
+        1.0
+    )
+    assert out["token_diversity_out"] == pytest.approx(0.0, abs=1e-7)
+    one_hot = torch.eye(m).view(1, m, n, p).expand(B, m, n, p)  # slot j reads token j only, token j reads slot j only
+    aux = {"dispatch": one_hot, "combine": one_hot, "tokens": tokens, "head_input": tokens.flatten(1)}
+    out = dqn.routing_statistics(aux)
+    assert out["routing_dispatch_entropy"] == 0.0 and out["routing_combine_entropy"] == 0.0
+    # diversity by hand: sum_d Var_m(x) / mean_m |x_m|^2 for each sample, averaged over the batch
+    by_hand = np.mean([t.var(0, unbiased=False).sum().item() / (t**2).sum(1).mean().item() for t in tokens])
+    assert out["token_diversity_in"] == pytest.approx(by_hand, rel=1e-5) == out["token_diversity_out"]
+
+
+def test_soft_moe_starts_as_average_pooling_on_the_nature_cnn():
+    """Phi's lecun_normal init against the encoder's small tokens gives logits of ~0.01: at initialisation every slot
+    averages all 121 tokens (the routing statistics' reason to exist; see the README's Atari 100k results)."""
+    torch.manual_seed(3)
+    net = dqn.QNetwork(4, "nature", moe="softmoe", num_experts=4)
+    _, aux = net(torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8), return_aux=True)
+    out = dqn.routing_statistics({k: v.detach() for k, v in aux.items()})
+    assert out["routing_dispatch_entropy"] > 0.999 and out["routing_combine_entropy"] > 0.999
+    assert out["token_diversity_out"] < 1e-3 * out["token_diversity_in"]
+
+
 def test_empirical_ntk_is_the_gram_matrix_of_per_sample_gradients_in_any_number_of_passes():
     torch.manual_seed(8)
     net = dqn.QNetwork(3, "nature", moe="softmoe", num_experts=2, tokenization="perfeat", expert_width=8)
@@ -582,6 +613,9 @@ def test_network_analysis_uses_the_training_loss_and_names_what_it_measures():
     )
     assert out["feature_norm_head_input"] == pytest.approx(dqn.feature_norm(head_input))
     assert out["feature_norm_expert_hidden"] == pytest.approx(dqn.feature_norm(hidden.flatten(1, -2)))
+    assert out["routing_dispatch_entropy"] == pytest.approx(
+        dqn.routing_statistics(metrics["aux"])["routing_dispatch_entropy"]
+    )
     base = dqn.fill_defaults(dqn.Args(encoder="nature", moe="none"))
     out = dqn.network_analysis(dqn.build_network(base, 3), dqn.build_network(base, 3), batch, base)
     assert "srank_head_input" in out and "srank_expert_hidden" not in out  # the dense layer is the head's input

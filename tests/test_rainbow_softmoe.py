@@ -420,7 +420,14 @@ def test_smoke_run_on_breakout(tmp_path, monkeypatch, preset, kw):
         assert saved["eval_mean_return"] == pytest.approx(np.mean(evaluations[-1]["returns"]))
         assert saved["eval_human_normalized_score"] == pytest.approx((saved["eval_mean_return"] - 1.7) / 28.8)
     if kw.get("analysis_every"):
-        for key in ("dormant_percentage", "srank_head_input", "srank_expert_hidden", "entk_srank_0.01"):
+        keys = (
+            "dormant_percentage",
+            "srank_head_input",
+            "srank_expert_hidden",
+            "entk_srank_0.01",
+            "routing_dispatch_entropy",
+        )
+        for key in keys + ("routing_combine_entropy", "token_diversity_in", "token_diversity_out"):
             assert math.isfinite(saved["analysis"][key]), key
 
 
@@ -437,6 +444,19 @@ def test_resume_with_the_replay_memory_keeps_the_priorities(tmp_path, monkeypatc
     assert memory.tree.max_recorded == float(saved["max_priority"])
     resumed = run(total_timesteps=260, resume=first["checkpoint"], **kw)
     assert resumed["start_step"] == 200 and resumed["updates"] == first["updates"] + int(59 * 0.25)
+
+
+def test_the_analysis_leaves_the_training_run_unchanged(tmp_path, monkeypatch):
+    """DrQ(eps) draws augmentations from torch's generator and batches from the run's: the analysis uses its own."""
+    monkeypatch.chdir(tmp_path)
+    kw = dict(SMALL, total_timesteps=230, learning_starts=150, max_episode_frames=400, eval_episodes=0, save_model=True)
+    plain, analysed = run("drq-eps", **kw), run("drq-eps", analysis_every=100, **kw)
+    assert not plain["analysis"]
+    assert analysed["analysis"]["global_step"] == 200
+    a, b = (torch.load(s["checkpoint"], weights_only=True)["q_net"] for s in (plain, analysed))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the same updates on the same batches
+    episodes = [(tmp_path / "runs" / s["run_name"] / "episodes.csv").read_text() for s in (plain, analysed)]
+    assert episodes[0] == episodes[1]
 
 
 def test_the_shared_helpers_are_byte_identical_in_every_script():

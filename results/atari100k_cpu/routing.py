@@ -1,0 +1,88 @@
+"""How much the Soft MoE runs of the queue route: the routing statistics of `rainbow_softmoe.routing_statistics` on
+256 states from each run's own replay memory, for its latest checkpoint and for a freshly initialised network of the
+same architecture (seed 0), plus the spread of Q over the actions.
+
+    .venv/bin/python results/atari100k_cpu/routing.py            # every Soft MoE run with a checkpoint in work/runs
+    .venv/bin/python results/atari100k_cpu/routing.py --out results/atari100k_cpu/routing.json
+
+Needs the checkpoints saved with --checkpoint-replay (the queue does). Reads only; one torch thread.
+"""
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "algos"))
+import rainbow_softmoe as rb  # noqa: E402
+
+
+def statistics(net, states: torch.Tensor) -> dict:
+    with torch.no_grad():
+        q, aux = net(states, return_aux=True)
+    out = rb.routing_statistics(aux)
+    out["q_mean"] = float(q.mean())
+    out["q_spread_over_actions"] = float(q.std(1).mean())
+    out["token_norm_in"] = float(aux["tokens"].norm(dim=-1).mean())
+    out["phi_norm"] = float(net.moe.phi.detach().norm()) if net.moe.phi is not None else None
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "work", "runs"))
+    parser.add_argument("--states", type=int, default=256)
+    parser.add_argument("--out", default=None)
+    cli = parser.parse_args()
+    torch.set_num_threads(1)
+    latest = {}  # run name -> newest segment's checkpoint
+    for path in sorted(glob.glob(os.path.join(cli.runs, "*", "rainbow_softmoe.pt")), key=os.path.getmtime):
+        name = os.path.basename(os.path.dirname(path)).split("__")[1]
+        latest[name] = path
+    report = {}
+    for name, path in latest.items():
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        args = rb.fill_defaults(rb.Args(**ckpt["args"]))
+        if args.moe != "softmoe" or not ckpt.get("replay"):
+            continue
+        replay = rb.FrameReplay(args.buffer_size, args.num_envs, prioritized=False)
+        saved = rb.load_replay(path)
+        saved.pop("priorities", None), saved.pop("max_priority", None)
+        replay.load_state_dict(saved)
+        batch = replay.sample(cli.states, np.random.default_rng(0), args.n_step, args.gamma)
+        states = torch.from_numpy(batch["states"])
+        head_bias = ckpt["q_net"].get("advantage.bias", ckpt["q_net"].get("advantage.bias_mu"))  # plain | noisy
+        num_actions = len(head_bias) // args.num_atoms
+        trained = rb.build_network(args, num_actions)
+        trained.load_state_dict(ckpt["q_net"])
+        torch.manual_seed(0)
+        fresh = rb.build_network(args, num_actions)
+        for net in (trained, fresh):
+            rb.set_noise(net, False)
+        report[name] = {
+            "checkpoint": os.path.relpath(path, ROOT),
+            "global_step": ckpt["global_step"],
+            "trained": statistics(trained, states),
+            "initialised": statistics(fresh, states),
+        }
+        t, i = report[name]["trained"], report[name]["initialised"]
+        print(
+            f"{name} at step {ckpt['global_step']:,}: dispatch entropy / log m {t['routing_dispatch_entropy']:.5f} "
+            f"(init {i['routing_dispatch_entropy']:.5f}), combine {t['routing_combine_entropy']:.5f} "
+            f"(init {i['routing_combine_entropy']:.5f}), token diversity out/in {t['token_diversity_out']:.2e} / "
+            f"{t['token_diversity_in']:.3f} (init {i['token_diversity_out']:.2e} / {i['token_diversity_in']:.3f}), "
+            f"token norm {t['token_norm_in']:.3f} (init {i['token_norm_in']:.3f}), |Phi| {t['phi_norm']:.3f} "
+            f"(init {i['phi_norm']:.3f})"
+        )
+    if cli.out:
+        with open(cli.out, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
