@@ -52,7 +52,8 @@ def main():
             continue
         replay = rb.FrameReplay(args.buffer_size, args.num_envs, prioritized=False)
         saved = rb.load_replay(path)
-        saved.pop("priorities", None), saved.pop("max_priority", None)
+        for key in ("priorities", "max_priority"):  # read as a uniform replay: the states are all it needs
+            saved.pop(key, None)
         replay.load_state_dict(saved)
         batch = replay.sample(cli.states, np.random.default_rng(0), args.n_step, args.gamma)
         states = torch.from_numpy(batch["states"])
