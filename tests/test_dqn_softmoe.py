@@ -224,6 +224,20 @@ def test_same_padding_matches_the_reference_table():
     assert torch.nn.functional.max_pool2d(pooled, 3, 2).max() == -5.0  # -inf padding never wins the max
 
 
+def test_conv_same_equals_the_conv_of_the_padded_input():
+    torch.manual_seed(0)
+    for size, (i, o, k, s) in ((84, (4, 32, 8, 4)), (21, (32, 64, 4, 2)), (11, (64, 64, 3, 1))):
+        conv = torch.nn.Conv2d(i, o, k, s).double()
+        x = torch.randn(2, i, size, size, dtype=torch.float64, requires_grad=True)
+        ours = dqn.conv_same(conv, x)
+        ref = conv(dqn.pad_same(x, k, s))
+        assert torch.allclose(ours, ref, atol=1e-12)
+        g = torch.randn_like(ref)
+        grads = torch.autograd.grad((ours * g).sum(), [x, conv.weight])
+        ref_grads = torch.autograd.grad((ref * g).sum(), [x, conv.weight])
+        assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(grads, ref_grads, strict=True))
+
+
 def test_encoder_output_and_token_shapes():
     x = torch.rand(2, 4, 84, 84)
     nature, impala = dqn.NatureEncoder()(x), dqn.ImpalaEncoder()(x)
