@@ -1378,7 +1378,7 @@ def routing_statistics(aux: dict) -> dict[str, float]:
 
     def diversity(tokens: torch.Tensor) -> float:  # (B, m, d)
         spread = tokens.var(1, unbiased=False).sum(-1) / tokens.pow(2).sum(-1).mean(1).clamp_min(1e-30)
-        return float(spread.mean())
+        return float(spread.mean().detach())
 
     out = {
         "token_diversity_in": diversity(aux["tokens"]),
