@@ -1370,6 +1370,7 @@ def routing_statistics(aux: dict) -> dict[str, float]:
     Phi's lecun_normal logits are ~0.01 on the Nature CNN's tokens). Token diversity: the variance of the tokens across
     positions over their mean squared norm (0: every position carries the same vector), of the encoder's tokens (in)
     and of the layer's output tokens (out, the Q head's input)."""
+    aux = {k: v.detach() for k, v in aux.items() if torch.is_tensor(v)}  # statistics, no graph
     dispatch, combine = aux["dispatch"], aux["combine"]
     B, m, n, p = dispatch.shape
 
@@ -1378,7 +1379,7 @@ def routing_statistics(aux: dict) -> dict[str, float]:
 
     def diversity(tokens: torch.Tensor) -> float:  # (B, m, d)
         spread = tokens.var(1, unbiased=False).sum(-1) / tokens.pow(2).sum(-1).mean(1).clamp_min(1e-30)
-        return float(spread.mean().detach())
+        return float(spread.mean())
 
     out = {
         "token_diversity_in": diversity(aux["tokens"]),
