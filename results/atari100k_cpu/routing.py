@@ -1,6 +1,7 @@
 """How much the Soft MoE runs of the queue route: the routing statistics of `rainbow_softmoe.routing_statistics` on
 256 states from each run's own replay memory, for its latest checkpoint and for a freshly initialised network of the
-same architecture (seed 0), plus the spread of Q over the actions.
+same architecture (seed 0), plus the spread of Q over the actions and the norm of the encoder's output tokens (the
+11 x 11 positions' 64-vectors). The baseline runs get the last two, for comparison.
 
     .venv/bin/python results/atari100k_cpu/routing.py            # every Soft MoE run with a checkpoint in work/runs
     .venv/bin/python results/atari100k_cpu/routing.py --out results/atari100k_cpu/routing.json
@@ -25,11 +26,13 @@ import rainbow_softmoe as rb  # noqa: E402
 def statistics(net, states: torch.Tensor) -> dict:
     with torch.no_grad():
         q, aux = net(states, return_aux=True)
-    out = rb.routing_statistics(aux)
+        tokens = rb.tokenize(net.encoder(states.float() / 255.0), "perconv")  # (B, h*w, d), whatever the network
+    out = rb.routing_statistics(aux) if "dispatch" in aux else {}
     out["q_mean"] = float(q.mean())
     out["q_spread_over_actions"] = float(q.std(1).mean())
-    out["token_norm_in"] = float(aux["tokens"].norm(dim=-1).mean())
-    out["phi_norm"] = float(net.moe.phi.detach().norm()) if net.moe.phi is not None else None
+    out["token_norm_in"] = float(tokens.norm(dim=-1).mean())
+    if "dispatch" in aux:
+        out["phi_norm"] = float(net.moe.phi.detach().norm()) if net.moe.phi is not None else None
     return out
 
 
@@ -48,7 +51,7 @@ def main():
     for name, path in latest.items():
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         args = rb.fill_defaults(rb.Args(**ckpt["args"]))
-        if args.moe != "softmoe" or not ckpt.get("replay"):
+        if args.moe not in ("softmoe", "none") or not ckpt.get("replay"):
             continue
         replay = rb.FrameReplay(args.buffer_size, args.num_envs, prioritized=False)
         saved = rb.load_replay(path)
@@ -72,14 +75,20 @@ def main():
             "initialised": statistics(fresh, states),
         }
         t, i = report[name]["trained"], report[name]["initialised"]
-        print(
-            f"{name} at step {ckpt['global_step']:,}: dispatch entropy / log m {t['routing_dispatch_entropy']:.5f} "
-            f"(init {i['routing_dispatch_entropy']:.5f}), combine {t['routing_combine_entropy']:.5f} "
-            f"(init {i['routing_combine_entropy']:.5f}), token diversity out/in {t['token_diversity_out']:.2e} / "
-            f"{t['token_diversity_in']:.3f} (init {i['token_diversity_out']:.2e} / {i['token_diversity_in']:.3f}), "
-            f"token norm {t['token_norm_in']:.3f} (init {i['token_norm_in']:.3f}), |Phi| {t['phi_norm']:.3f} "
-            f"(init {i['phi_norm']:.3f})"
+        line = (
+            f"{name} at step {ckpt['global_step']:,}: token norm {t['token_norm_in']:.3f} "
+            f"(init {i['token_norm_in']:.3f}), Q spread over actions {t['q_spread_over_actions']:.4f} "
+            f"(init {i['q_spread_over_actions']:.4f})"
         )
+        if args.moe == "softmoe":
+            line += (
+                f", dispatch entropy / log m {t['routing_dispatch_entropy']:.5f} "
+                f"(init {i['routing_dispatch_entropy']:.5f}), combine {t['routing_combine_entropy']:.5f} "
+                f"(init {i['routing_combine_entropy']:.5f}), token diversity out/in {t['token_diversity_out']:.2e} / "
+                f"{t['token_diversity_in']:.3f} (init {i['token_diversity_out']:.2e} / {i['token_diversity_in']:.3f}), "
+                f"|Phi| {t['phi_norm']:.3f} (init {i['phi_norm']:.3f})"
+            )
+        print(line)
     if cli.out:
         with open(cli.out, "w") as f:
             json.dump(report, f, indent=2)
