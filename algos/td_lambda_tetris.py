@@ -27,6 +27,8 @@ and Fig. 4 (10x10 Tetris, 5 runs x 400k episodes, 250 hidden units, reward exp(-
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import csv
 import functools
 import json
@@ -52,6 +54,7 @@ from envs.tetris import (  # noqa: E402
     ENV_VARIANTS,
     VARIANTS,
     AfterstateEngine,
+    Afterstates,
     ColumnEngine,
     _encoding_table,
     binary_feature_length,
@@ -571,38 +574,101 @@ def shallow_learn(learner: ShallowTD, engine, s: dict, after, cand_states, unifo
     return advance_games(s, after, cand_states, action, game_over, holes_next, td_error, next_pieces, k)
 
 
-def compile_or_eager(fn, options=None):
-    """torch.compile(fn) as one graph with static shapes; if compiling fails (no C compiler, an unsupported op), one
-    warning line and `fn` itself from then on. Compilation fails before the graph runs, so nothing is applied twice."""
-    state = {"fn": torch.compile(fn, fullgraph=True, dynamic=False, options=options)}
+LEARNER_STATE = ("table", "v", "ev", "c", "A")  # the shallow net's tensors that the fold and the update change
+CARRY_NEW = ("boards", "states", "holes_now", "decay", "score", "length", "active", "placements", "abs_td_sum")
+CARRY_IN_PLACE = ("episodes", "scores", "lengths")  # the record, updated in place
 
-    def call(*args):
-        try:
-            return state["fn"](*args)
-        except Exception as err:  # noqa: BLE001  (any compiler failure: fall back to eager)
-            if state["fn"] is fn:
-                raise
-            first_line = (str(err).strip().splitlines() or [""])[0][:200]
-            print(f"warning: torch.compile failed ({type(err).__name__}: {first_line}); running eagerly")
-            state["fn"] = fn
-            return fn(*args)
 
-    return call
+@contextlib.contextmanager
+def branch_free_tracing():
+    """The step's data-dependent branches (a row cleared, a game over) take their branch-free side when
+    torch.compiler.is_compiling() is True. make_fx traces one path, so the trace raises the flag that torch.compile
+    and torch.export raise while they trace."""
+    before = torch.compiler._is_compiling_flag
+    torch.compiler._is_compiling_flag = True
+    try:
+        yield
+    finally:
+        torch.compiler._is_compiling_flag = before
+
+
+def compile_graph(fn, example_args: list[torch.Tensor], options: dict):
+    """fn(*tensors) -> tuple of tensors, traced once (make_fx on fake tensors: nothing is applied) and compiled by
+    inductor into one graph that is called directly: no torch.compile frame hook, guard check or cache lookup per call,
+    which at 10 runs cost more than the kernels (README "Speed"). Nothing is re-checked either: the inputs must keep
+    the example's shapes, dtypes and devices (the training loop's do), and tensors read from the closure (the engine's
+    tables, StepConstants) are baked in. In-place updates of inputs stay in place."""
+    from torch._inductor.compile_fx import compile_fx  # inductor's entry point, the one torch.compile calls
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with branch_free_tracing():
+        graph = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*example_args)
+    for node in graph.graph.nodes:  # the trace's fake values; inductor propagates its own
+        node.meta.pop("val", None), node.meta.pop("tensor_meta", None)
+    with torch._inductor.config.patch(options):
+        return compile_fx(graph, list(example_args))
 
 
 def compiled_shallow_step(fallback: bool = True):
-    """`shallow_step` as two compiled graphs. The afterstate half is bit arithmetic on (R, P, W) int64 boards, whose
-    vectorised CPU code (inductor's 8-lane loads of the ragged W = 10 rows and the gathers) ran 3x slower than scalar
-    code here, so it is compiled with `cpp.simdlen = 1`; the floating-point half (exp in every activation) keeps the
-    vector code. Both use inductor's C++ wrapper: at 10 runs the graphs' Python wrappers were ~28% of a step, and the
-    C++ one made the step 4-20% faster. Measured in README "Speed". fallback=False: no eager fallback (the tests)."""
-    compile_fn = compile_or_eager if fallback else functools.partial(torch.compile, fullgraph=True, dynamic=False)
-    afterstates = compile_fn(shallow_afterstates, options={"cpp.simdlen": 1, "cpp_wrapper": True})
-    learn = compile_fn(shallow_learn, options={"cpp_wrapper": True})
+    """`shallow_step` as two compiled graphs, built on the first call for that call's engine, constants and shapes.
+
+    The afterstate half is bit arithmetic on (R, P, W) int64 boards, whose vectorised CPU code (inductor's 8-lane loads
+    of the ragged W = 10 rows and the gathers) ran 3x slower than scalar code here, so it is compiled with
+    `cpp.simdlen = 1`; the floating-point half (exp in every activation) keeps the vector code. Both use inductor's C++
+    wrapper and are called through `compile_graph`, not torch.compile: the same graphs, but at 10 runs the step took
+    ~500 instead of ~700 us. fallback=False: no eager fallback (the tests)."""
+    graphs = {}
+
+    def afterstates_flat(boards, pieces):
+        after, cand_states = shallow_afterstates(graphs["engine"], dict(boards=boards, pieces=pieces), graphs["k"])
+        return (*after, cand_states)
+
+    def learn_flat(*tensors):
+        n_learner, n_carry = len(LEARNER_STATE), len(CARRY_NEW + CARRY_IN_PLACE)
+        learner_state, carry = tensors[:n_learner], tensors[n_learner : n_learner + n_carry]
+        uniform, next_pieces, *after, cand_states = tensors[n_learner + n_carry :]
+        learner = copy.copy(graphs["learner"])  # the same net with the traced tensors as its state
+        learner.__dict__.update(zip(LEARNER_STATE, learner_state, strict=True))
+        s = dict(zip(CARRY_NEW + CARRY_IN_PLACE, carry, strict=True))
+        engine, k = graphs["engine"], graphs["k"]
+        s = shallow_learn(learner, engine, s, Afterstates(*after), cand_states, uniform, next_pieces, k)
+        return tuple(s[key] for key in CARRY_NEW)
+
+    def build(learner, engine, s, uniform, next_pieces, k):
+        graphs.update(learner=learner, engine=engine, k=k)
+        after, cand_states = shallow_afterstates(engine, s, k)  # example inputs of the second graph
+        learner_inputs = [getattr(learner, name) for name in LEARNER_STATE]
+        carry_inputs = [s[key] for key in CARRY_NEW + CARRY_IN_PLACE]
+        graphs["afterstates"] = compile_graph(
+            afterstates_flat, [s["boards"], s["pieces"]], {"cpp.simdlen": 1, "cpp_wrapper": True}
+        )
+        learn_inputs = [*learner_inputs, *carry_inputs, uniform, next_pieces, *after, cand_states]
+        graphs["learn"] = compile_graph(learn_flat, learn_inputs, {"cpp_wrapper": True})
+
+    def compiled(learner, engine, s, uniform, next_pieces, k):
+        if "learn" not in graphs:
+            build(learner, engine, s, uniform, next_pieces, k)
+        elif not (learner is graphs["learner"] and engine is graphs["engine"] and k is graphs["k"]):
+            raise ValueError("compiled_shallow_step: one compiled step serves one learner, engine and StepConstants")
+        after = graphs["afterstates"](s["boards"], s["pieces"])
+        new = graphs["learn"](
+            *[getattr(learner, name) for name in LEARNER_STATE], *[s[key] for key in CARRY_NEW + CARRY_IN_PLACE],
+            uniform, next_pieces, *after,
+        )  # fmt: skip
+        return {**s, **dict(zip(CARRY_NEW, new, strict=True)), "pieces": next_pieces}
 
     def step(learner, engine, s, uniform, next_pieces, k):
-        after, cand_states = afterstates(engine, s, k)
-        return learn(learner, engine, s, after, cand_states, uniform, next_pieces, k)
+        if graphs.get("eager"):
+            return shallow_step(learner, engine, s, uniform, next_pieces, k)
+        try:
+            return compiled(learner, engine, s, uniform, next_pieces, k)
+        except Exception as err:  # noqa: BLE001  (any compiler failure: fall back to eager)
+            if not fallback or "learn" in graphs:
+                raise
+            first_line = (str(err).strip().splitlines() or [""])[0][:200]
+            print(f"warning: compiling the step failed ({type(err).__name__}: {first_line}); running eagerly")
+            graphs["eager"] = True
+            return shallow_step(learner, engine, s, uniform, next_pieces, k)
 
     return step
 
