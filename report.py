@@ -384,23 +384,28 @@ def moe_tables(runs, out_dir, reps, plots) -> list[str]:
 
 
 def drq_per_game(variants) -> str:
-    ref = PAPER["drq_eps_atari100k"]
-    rows = []
-    for var, rs in sorted(variants.items()):
-        if not any(r["args"].get("preset") == "drq-eps" for r in rs):
-            continue
-        by_game = {}
-        for r in rs:
-            ev = r.get("evaluations") or []
-            score = ev[-1]["mean_return"] if ev else r.get("mean_return_last_100")
-            if score is not None:
-                by_game.setdefault(game_of(r), []).append(score)
-        for game, scores in sorted(by_game.items()):
-            rows.append([var, game, fmt(float(np.mean(scores))), len(scores), fmt(ref["games"].get(game))])
-    if not rows:
-        return ""
-    return (f"Per-game raw scores of the DrQ(ε) runs beside the published DrQ(ε) means ({ref['source']}):\n\n"
-            + table(["variant", "game", "mean score (ours)", "seeds", "DrQ(ε) published"], rows))  # fmt: skip
+    """Per-game raw scores of the Atari-100k runs (DrQ(eps) and DER presets) beside the published per-game means."""
+    sections = []
+    for preset, key in (("drq-eps", "drq_eps_atari100k"), ("der", "der_atari100k")):
+        ref, rows = PAPER[key], []
+        for var, rs in sorted(variants.items()):
+            by_game = {}
+            for r in rs:
+                if r["args"].get("preset") != preset:
+                    continue
+                ev = r.get("evaluations") or []
+                score = ev[-1]["mean_return"] if ev else r.get("mean_return_last_100")
+                if score is not None:
+                    by_game.setdefault(game_of(r), []).append(score)
+            for game, scores in sorted(by_game.items()):
+                rows.append([var, game, fmt(float(np.mean(scores))), len(scores), fmt(ref["games"].get(game))])
+        if rows:
+            name = "DrQ(ε)" if preset == "drq-eps" else "DER"
+            sections.append(
+                f"Per-game raw scores of the {name} runs beside the published {name} means ({ref['source']}):\n\n"
+                + table(["variant", "game", "mean score (ours)", "seeds", f"{name} published"], rows)
+            )
+    return "\n\n".join(sections)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -149,9 +149,9 @@ class Args:
     fully connected layer has 250"""
 
     compile: bool = False
-    """shallow net: run the training step as two torch.compile graphs, the afterstates and the update (inductor; needs
-    a C compiler on CPU, falls back to eager with a warning; ~1 minute of compilation at the start). Same maths and the
-    same games as without it"""
+    """shallow net: run the training step as two inductor graphs, the afterstates and the update, called directly
+    (`compile_graph`; needs a C compiler on CPU, falls back to eager with a warning; 10-40 s of compilation at the
+    start). Same maths and the same games as without it"""
 
     # --- evaluation and analysis (§4.1, §4.2) ---
     final_window: int | None = None
@@ -554,7 +554,7 @@ def shallow_step(learner: ShallowTD, engine: ColumnEngine, s: dict, uniform, nex
     s is the carry: boards (R, W) column bits, states (R, 21) input rows of s_t, pieces, holes_now, decay, score,
     length, active, placements, abs_td_sum, episodes, scores, lengths. uniform (R, P + 1) and next_pieces (R,) are drawn
     by the caller from the run's generator, so the compiled and eager steps play the same games. Branch-free and
-    shape-static under torch.compile. --compile compiles its two halves as two graphs (see `compiled_shallow_step`)."""
+    shape-static when compiled. --compile compiles its two halves as two graphs (see `compiled_shallow_step`)."""
     after, cand_states = shallow_afterstates(engine, s, k)
     return shallow_learn(learner, engine, s, after, cand_states, uniform, next_pieces, k)
 

@@ -133,6 +133,21 @@ def test_trace_fold_through_numpy_views_equals_the_tensor_fold():
         assert torch.equal(theta[name], host_theta[name]), name
 
 
+def test_compiled_step_falls_back_to_eager_with_one_warning(monkeypatch, capsys):
+    """When compiling fails (no C compiler, an unsupported op), --compile warns once and plays the eager games."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C compiler found\nsecond line")
+
+    monkeypatch.setattr(td, "compile_graph", broken)
+    eager_boards, eager, _ = play_step(td.shallow_step, torch.float32, 20)
+    boards, carry, _ = play_step(td.compiled_shallow_step(), torch.float32, 20)
+    assert torch.equal(boards, eager_boards)
+    assert torch.equal(carry["scores"], eager["scores"])
+    out = capsys.readouterr().out
+    assert out.count("warning: compiling the step failed (RuntimeError: no C compiler found); running eagerly") == 1
+
+
 @pytest.mark.slow
 def test_compiled_step_plays_the_same_games_as_the_eager_step():
     """torch.compile of shallow_step (about a minute of compilation on the project CPU) against eager, float32 as in
@@ -145,3 +160,25 @@ def test_compiled_step_plays_the_same_games_as_the_eager_step():
         assert torch.equal(carry[name], eager[name]), name
     for name in theta:
         assert torch.allclose(theta[name], eager_theta[name], atol=1e-5), name
+
+
+@pytest.mark.slow
+def test_compile_graph_updates_inputs_in_place_and_takes_the_branch_free_side():
+    """compile_graph: an in-place update of an input lands in that tensor, the trace takes the branch that
+    torch.compiler.is_compiling() selects (the data-dependent one is never traced), and tracing applies nothing."""
+
+    def fn(x, total):
+        total.add_(x.sum())
+        if torch.compiler.is_compiling() or bool((x > 0).any()):
+            return (x * 2,)
+        return (x,)
+
+    x, total = torch.tensor([-1.0, -2.0]), torch.zeros(())
+    compiled = td.compile_graph(fn, [x, total], {})
+    assert float(total) == 0.0  # tracing on fake tensors did not touch the input
+    (out,) = compiled(x, total)
+    assert torch.equal(out, torch.tensor([-2.0, -4.0]))  # the branch-free side, though no x > 0
+    assert float(total) == -3.0
+    compiled(x, total)
+    assert float(total) == -6.0
+    assert torch.compiler.is_compiling() is False  # the flag is lowered again after tracing
