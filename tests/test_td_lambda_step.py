@@ -12,12 +12,13 @@ GROUPS = [("dsilu", 0, 2), ("relu", 2, 4)]  # 4 runs, two activations
 R = 4
 
 
-def make_step_setup(dtype):
-    engine = ColumnEngine(HEIGHT, WIDTH, PIECES)
-    params = td.init_shallow(R, binary_feature_length(HEIGHT, WIDTH), 50, seed=0, device="cpu")
+def make_step_setup(dtype, variant="sz"):
+    height, width, pieces = VARIANTS[variant]
+    engine = ColumnEngine(height, width, pieces)
+    params = td.init_shallow(R, binary_feature_length(height, width), 50, seed=0, device="cpu")
     params = {k: v.to(dtype) for k, v in params.items()}
-    empty_board = torch.zeros(WIDTH, dtype=torch.long)
-    empty_state = td.shallow_indices(empty_board, empty_board.sum(), HEIGHT)
+    empty_board = torch.zeros(width, dtype=torch.long)
+    empty_state = td.shallow_indices(empty_board, empty_board.sum(), height)
     k = td.StepConstants(
         0.99,
         0.01,
@@ -29,23 +30,23 @@ def make_step_setup(dtype):
         empty_board,
         empty_state,
         torch.full((R,), 10**6),
-        td._bias_encoding_table(HEIGHT, WIDTH, empty_board.device),
+        td._bias_encoding_table(height, width, empty_board.device),
     )
     return engine, params, k
 
 
-def play_step(step_fn, dtype, steps, fold="decay_traces"):
+def play_step(step_fn, dtype, steps, fold="decay_traces", variant="sz"):
     """Run `steps` steps of `step_fn` (shallow_step or its compiled form) as main's loop does, the traces decayed and
     folded by the learner's method `fold`; returns the boards after every step, the final carry and theta."""
-    engine, params, k = make_step_setup(dtype)
+    engine, params, k = make_step_setup(dtype, variant)
     learner = td.ShallowTD(params, GROUPS)
     rng = torch.Generator().manual_seed(1)
-    pieces_tensor = torch.tensor(PIECES)
+    pieces_tensor = torch.tensor(VARIANTS[variant][2])
 
     def new_pieces():
-        return pieces_tensor[torch.randint(len(PIECES), (R,), generator=rng)]
+        return pieces_tensor[torch.randint(len(pieces_tensor), (R,), generator=rng)]
 
-    carry = dict(boards=k.empty_board.expand(R, WIDTH).clone(), states=k.empty_state.expand(R, -1).clone())
+    carry = dict(boards=k.empty_board.expand(R, len(k.empty_board)).clone(), states=k.empty_state.expand(R, -1).clone())
     carry.update(pieces=new_pieces(), holes_now=torch.zeros(R, dtype=torch.long), decay=torch.zeros(R))
     carry.update(score=torch.zeros(R), length=torch.zeros(R, dtype=torch.long), active=torch.ones(R, dtype=torch.bool))
     carry.update(placements=torch.zeros((), dtype=torch.long), abs_td_sum=torch.zeros(R))
@@ -149,12 +150,14 @@ def test_compiled_step_falls_back_to_eager_with_one_warning(monkeypatch, capsys)
 
 
 @pytest.mark.slow
-def test_compiled_step_plays_the_same_games_as_the_eager_step():
-    """torch.compile of shallow_step (about a minute of compilation on the project CPU) against eager, float32 as in
-    training: the same boards after each of 200 steps, the same recorded scores and lengths, theta allclose."""
-    eager_boards, eager, eager_theta = play_step(td.shallow_step, torch.float32, 200)
+@pytest.mark.parametrize("variant", ["sz", "tetris10x10"])
+def test_compiled_step_plays_the_same_games_as_the_eager_step(variant):
+    """The compiled step (compile_graph's two graphs; 10-40 s of compilation on the project CPU) against eager, float32
+    as in training, on SZ-Tetris and on 10x10 Tetris's seven pieces: the same boards after each of 200 steps, the same
+    recorded scores and lengths, theta allclose."""
+    eager_boards, eager, eager_theta = play_step(td.shallow_step, torch.float32, 200, variant=variant)
     compiled = td.compiled_shallow_step(fallback=False)  # the two graphs --compile runs; fails loudly, no fallback
-    boards, carry, theta = play_step(compiled, torch.float32, 200)
+    boards, carry, theta = play_step(compiled, torch.float32, 200, variant=variant)
     assert torch.equal(boards, eager_boards)
     for name in ("episodes", "scores", "lengths", "placements"):
         assert torch.equal(carry[name], eager[name]), name
