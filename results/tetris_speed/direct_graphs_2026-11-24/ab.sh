@@ -1,4 +1,4 @@
-# ab.sh: alternating pairs, before (commit 4d06346, torch.compile's two graphs, checked out at /tmp/oldtree) and after
+# ab.sh (paths as on the project machine: /work/main, /tmp/oldtree): alternating pairs, before (commit 4d06346, torch.compile's two graphs, checked out at /tmp/oldtree) and after
 # (compile_graph: the same two graphs called directly), --compile, two threads, 100 s each, the Atari queue paused
 # (SIGSTOP). Steady rate = placements between the third and the last progress line / elapsed.
 # Usage: bash ab.sh PAIRS   (writes <config>_<old|new><i>.txt and appends to summary.txt)
