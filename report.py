@@ -371,7 +371,7 @@ def moe_tables(runs, out_dir, reps, plots) -> list[str]:
             )  # fmt: skip
         )
         if fig in ("atari100k-fig12", "other"):
-            per_game = drq_per_game(variants)
+            per_game = atari100k_per_game(variants)
             if per_game:
                 text.append(per_game)
         if unscored:
@@ -383,7 +383,7 @@ def moe_tables(runs, out_dir, reps, plots) -> list[str]:
     return sections
 
 
-def drq_per_game(variants) -> str:
+def atari100k_per_game(variants) -> str:
     """Per-game raw scores of the Atari-100k runs (DrQ(eps) and DER presets) beside the published per-game means."""
     sections = []
     for preset, key in (("drq-eps", "drq_eps_atari100k"), ("der", "der_atari100k")):

@@ -577,6 +577,7 @@ def shallow_learn(learner: ShallowTD, engine, s: dict, after, cand_states, unifo
 LEARNER_STATE = ("table", "v", "ev", "c", "A")  # the shallow net's tensors that the fold and the update change
 CARRY_NEW = ("boards", "states", "holes_now", "decay", "score", "length", "active", "placements", "abs_td_sum")
 CARRY_IN_PLACE = ("episodes", "scores", "lengths")  # the record, updated in place
+CARRY = CARRY_NEW + CARRY_IN_PLACE  # the carry tensors the update graph reads, in its argument order
 
 
 @contextlib.contextmanager
@@ -624,37 +625,31 @@ def compiled_shallow_step(fallback: bool = True):
         return (*after, cand_states)
 
     def learn_flat(*tensors):
-        n_learner, n_carry = len(LEARNER_STATE), len(CARRY_NEW + CARRY_IN_PLACE)
+        n_learner, n_carry = len(LEARNER_STATE), len(CARRY)
         learner_state, carry = tensors[:n_learner], tensors[n_learner : n_learner + n_carry]
         uniform, next_pieces, *after, cand_states = tensors[n_learner + n_carry :]
         learner = copy.copy(graphs["learner"])  # the same net with the traced tensors as its state
         learner.__dict__.update(zip(LEARNER_STATE, learner_state, strict=True))
-        s = dict(zip(CARRY_NEW + CARRY_IN_PLACE, carry, strict=True))
+        s = dict(zip(CARRY, carry, strict=True))
         engine, k = graphs["engine"], graphs["k"]
         s = shallow_learn(learner, engine, s, Afterstates(*after), cand_states, uniform, next_pieces, k)
         return tuple(s[key] for key in CARRY_NEW)
 
-    def build(learner, engine, s, uniform, next_pieces, k):
-        graphs.update(learner=learner, engine=engine, k=k)
-        after, cand_states = shallow_afterstates(engine, s, k)  # example inputs of the second graph
-        learner_inputs = [getattr(learner, name) for name in LEARNER_STATE]
-        carry_inputs = [s[key] for key in CARRY_NEW + CARRY_IN_PLACE]
-        graphs["afterstates"] = compile_graph(
-            afterstates_flat, [s["boards"], s["pieces"]], {"cpp.simdlen": 1, "cpp_wrapper": True}
-        )
-        learn_inputs = [*learner_inputs, *carry_inputs, uniform, next_pieces, *after, cand_states]
-        graphs["learn"] = compile_graph(learn_flat, learn_inputs, {"cpp_wrapper": True})
+    def learn_inputs(learner, s, uniform, next_pieces, after) -> list[torch.Tensor]:
+        return [*(getattr(learner, name) for name in LEARNER_STATE), *(s[key] for key in CARRY), uniform, next_pieces,
+                *after]  # fmt: skip
 
     def compiled(learner, engine, s, uniform, next_pieces, k):
-        if "learn" not in graphs:
-            build(learner, engine, s, uniform, next_pieces, k)
+        if "learn" not in graphs:  # build both graphs for these objects and shapes
+            graphs.update(learner=learner, engine=engine, k=k)
+            options = {"cpp.simdlen": 1, "cpp_wrapper": True}
+            graphs["afterstates"] = compile_graph(afterstates_flat, [s["boards"], s["pieces"]], options)
+            example = learn_inputs(learner, s, uniform, next_pieces, graphs["afterstates"](s["boards"], s["pieces"]))
+            graphs["learn"] = compile_graph(learn_flat, example, {"cpp_wrapper": True})
         elif not (learner is graphs["learner"] and engine is graphs["engine"] and k is graphs["k"]):
             raise ValueError("compiled_shallow_step: one compiled step serves one learner, engine and StepConstants")
         after = graphs["afterstates"](s["boards"], s["pieces"])
-        new = graphs["learn"](
-            *[getattr(learner, name) for name in LEARNER_STATE], *[s[key] for key in CARRY_NEW + CARRY_IN_PLACE],
-            uniform, next_pieces, *after,
-        )  # fmt: skip
+        new = graphs["learn"](*learn_inputs(learner, s, uniform, next_pieces, after))
         return {**s, **dict(zip(CARRY_NEW, new, strict=True)), "pieces": next_pieces}
 
     def step(learner, engine, s, uniform, next_pieces, k):
