@@ -6,10 +6,13 @@
 #
 #   bash results/atari100k_cpu/queue.sh WORKER NUM_WORKERS     # e.g. "0 2" and "1 2", one per core
 #   bash results/atari100k_cpu/queue.sh --list                 # the runs and their state
+#   ONLY='_s2$' bash results/atari100k_cpu/queue.sh 0 1        # only the runs whose name matches a regex
+#   THREADS=2 bash results/atari100k_cpu/queue.sh 0 1          # one worker, both cores
 #
 # Job i belongs to worker i % NUM_WORKERS. Resumable: a run whose summary.json says complete is skipped, a run with a
 # checkpoint goes on from it (replay memory and priorities included, --checkpoint-replay), anything else starts afresh.
-# Working files (checkpoints, replay memories: ~0.7 GB per run) stay in results/atari100k_cpu/work/ (git-ignored);
+# Working files (checkpoints, replay memories: ~0.7 GB per run) stay in results/atari100k_cpu/work/ (git-ignored; they
+# do not survive a fresh checkout, so only a run that finishes within one sitting lands);
 # a finished run's summary, episodes, curve, tensorboard events and log are copied to results/atari100k_cpu/<run>/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,7 +20,9 @@ ROOT=$PWD
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 OUT=$ROOT/results/atari100k_cpu
 WORK=$OUT/work
-export OMP_NUM_THREADS=1
+# torch threads per run (THREADS=2 with one worker: on this 2-core CPU one run on both cores made ~29 steps/s with
+# Soft MoE against ~9 each for two one-thread runs side by side, which contend for the shared cache)
+export OMP_NUM_THREADS=${THREADS:-1}
 # glibc: keep freed tensor memory in the heap instead of returning it to the OS and page-faulting it back on the next
 # update (the experts' 8 MB activations); ~12% faster updates on this CPU, the same maths
 export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4000000000
@@ -36,10 +41,10 @@ latest() {  # latest() NAME FILE: that file of the newest run directory of NAME,
   ls -t "$WORK"/runs/*__"$1"__*/"$2" 2>/dev/null | head -n 1 || true
 }
 
-complete() {  # complete NAME: its newest summary.json says complete
+complete() {  # complete NAME: its committed copy or its newest working summary.json says complete
   local summary
   summary=$(latest "$1" summary.json)
-  [ -n "$summary" ] && grep -q '"complete": true' "$summary"
+  grep -qs '"complete": true' "$OUT/$1/summary.json" || { [ -n "$summary" ] && grep -q '"complete": true' "$summary"; }
 }
 
 if [ "${1:-}" = "--list" ]; then
@@ -62,6 +67,7 @@ for i in "${!jobs[@]}"; do
   [ $((i % workers)) = "$worker" ] || continue
   read -r agent game moe seed <<<"${jobs[$i]}"
   name="${agent}_${game}_${moe}_s${seed}"
+  [[ "$name" =~ ${ONLY:-.} ]] || continue
   if complete "$name"; then echo "$name: complete"; continue; fi
   network=(--encoder nature --moe "$moe")
   if [ "$agent" = full-rainbow ]; then
