@@ -22,8 +22,7 @@
 #                   baseline against Soft MoE, on the 26 games (--games "Pong Boxing" narrows it), seeds 1 2 3; the
 #                   network is the paper's Fig. 12 one (Impala, 8 experts) unless extra flags say otherwise.
 #   atari100k-cpu   the README's Atari runs on the project CPU (results/atari100k_cpu/queue.sh, resumable, one worker
-#                   on two torch threads): DrQ(eps) and DER with the shipped DER.gin network, and a reduced full-Rainbow
-#                   pair.
+#                   per core): DrQ(eps) and DER with the shipped DER.gin network, and a reduced full-Rainbow pair.
 #   value-speed     agent steps per second of dqn_softmoe.py and rainbow_softmoe.py at the README's speed settings
 #                   (Breakout, 8,000 steps, learning from step 1,000, buffer 10,000, one update per 4 steps).
 #
@@ -149,8 +148,9 @@ case "$suite" in
     ;;
   atari100k-cpu)
     if [ "$dry" = 1 ]; then bash results/atari100k_cpu/queue.sh --list; exit 0; fi
-    # one worker on both cores: ~3x the steps/s of each of two one-thread workers on this CPU (README, Atari 100k)
-    run env THREADS=2 bash results/atari100k_cpu/queue.sh 0 1
+    run bash results/atari100k_cpu/queue.sh 0 2 &
+    run bash results/atari100k_cpu/queue.sh 1 2
+    wait
     ;;
   value-speed)
     speed=(--env-id ALE/Breakout-v5 --total-timesteps 8000 --learning-starts 1000 --buffer-size 10000 --analysis-every 0)

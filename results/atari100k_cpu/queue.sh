@@ -7,7 +7,7 @@
 #   bash results/atari100k_cpu/queue.sh WORKER NUM_WORKERS     # e.g. "0 2" and "1 2", one per core
 #   bash results/atari100k_cpu/queue.sh --list                 # the runs and their state
 #   ONLY='_s2$' bash results/atari100k_cpu/queue.sh 0 1        # only the runs whose name matches a regex
-#   THREADS=2 bash results/atari100k_cpu/queue.sh 0 1          # one worker, both cores
+#   THREADS=2 bash results/atari100k_cpu/queue.sh 0 1          # one worker on both cores: one run finishes sooner
 #
 # Job i belongs to worker i % NUM_WORKERS. Resumable: a run whose summary.json says complete is skipped, a run with a
 # checkpoint goes on from it (replay memory and priorities included, --checkpoint-replay), anything else starts afresh.
@@ -20,8 +20,8 @@ ROOT=$PWD
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 OUT=$ROOT/results/atari100k_cpu
 WORK=$OUT/work
-# torch threads per run (THREADS=2 with one worker: on this 2-core CPU one run on both cores made ~29 steps/s with
-# Soft MoE against ~9 each for two one-thread runs side by side, which contend for the shared cache)
+# torch threads per run. Two one-thread workers did 1.4x the steps/s of one worker on two threads (threads_2026-11-24/);
+# THREADS=2 with one worker finishes a single run sooner (~39 against ~27 steps/s for the baseline early in a run)
 export OMP_NUM_THREADS=${THREADS:-1}
 # glibc: keep freed tensor memory in the heap instead of returning it to the OS and page-faulting it back on the next
 # update (the experts' 8 MB activations); ~12% faster updates on this CPU, the same maths

@@ -4,7 +4,7 @@ same architecture (seed 0), plus the spread of Q over the actions and the norm o
 11 x 11 positions' 64-vectors). The baseline runs get the last two, for comparison.
 
     .venv/bin/python results/atari100k_cpu/routing.py            # every Soft MoE run with a checkpoint in work/runs
-    .venv/bin/python results/atari100k_cpu/routing.py --out results/atari100k_cpu/routing.json
+    .venv/bin/python results/atari100k_cpu/routing.py --out results/atari100k_cpu/routing.json  # updates its entries
 
 Needs the checkpoints saved with --checkpoint-replay (the queue does). Reads only; one torch thread.
 """
@@ -89,7 +89,10 @@ def main():
                 f"|Phi| {t['phi_norm']:.3f} (init {i['phi_norm']:.3f})"
             )
         print(line)
-    if cli.out:
+    if cli.out:  # merge: a run measured earlier keeps its entry once its checkpoint is gone (a fresh checkout)
+        if os.path.exists(cli.out):
+            with open(cli.out) as f:
+                report = json.load(f) | report
         with open(cli.out, "w") as f:
             json.dump(report, f, indent=2)
 
