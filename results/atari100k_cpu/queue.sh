@@ -6,10 +6,10 @@
 #
 #   bash results/atari100k_cpu/queue.sh WORKER NUM_WORKERS     # e.g. "0 2" and "1 2", one per core
 #   bash results/atari100k_cpu/queue.sh --list                 # the runs and their state
-#   ONLY='_s2$' bash results/atari100k_cpu/queue.sh 0 1        # only the runs whose name matches a regex
+#   ONLY='_s2$' bash results/atari100k_cpu/queue.sh 0 2        # only the runs whose name matches a regex (--list too)
 #   THREADS=2 bash results/atari100k_cpu/queue.sh 0 1          # one worker on both cores: one run finishes sooner
 #
-# Job i belongs to worker i % NUM_WORKERS. Resumable: a run whose summary.json says complete is skipped, a run with a
+# Job i (of those ONLY selects) belongs to worker i % NUM_WORKERS. Resumable: a run whose summary.json says complete is skipped, a run with a
 # checkpoint goes on from it (replay memory and priorities included, --checkpoint-replay), anything else starts afresh.
 # Working files (checkpoints, replay memories: ~0.7 GB per run) stay in results/atari100k_cpu/work/ (git-ignored; they
 # do not survive a fresh checkout, so only a run that finishes within one sitting lands);
@@ -36,6 +36,12 @@ for seed in 1 2 3; do
   # full Rainbow at a reduced budget (300k of the paper's 50M agent steps), Nature CNN, Soft MoE with 8 experts
   [ "$seed" = 1 ] && for moe in none softmoe; do jobs+=("full-rainbow RoadRunner $moe $seed"); done
 done
+selected=()  # ONLY=REGEX keeps the runs whose name matches, before they are shared out among the workers
+for job in "${jobs[@]}"; do
+  read -r agent game moe seed <<<"$job"
+  [[ "${agent}_${game}_${moe}_s${seed}" =~ ${ONLY:-.} ]] && selected+=("$job")
+done
+jobs=("${selected[@]}")
 
 latest() {  # latest() NAME FILE: that file of the newest run directory of NAME, or nothing
   ls -t "$WORK"/runs/*__"$1"__*/"$2" 2>/dev/null | head -n 1 || true
@@ -67,7 +73,6 @@ for i in "${!jobs[@]}"; do
   [ $((i % workers)) = "$worker" ] || continue
   read -r agent game moe seed <<<"${jobs[$i]}"
   name="${agent}_${game}_${moe}_s${seed}"
-  [[ "$name" =~ ${ONLY:-.} ]] || continue
   if complete "$name"; then echo "$name: complete"; continue; fi
   network=(--encoder nature --moe "$moe")
   if [ "$agent" = full-rainbow ]; then
