@@ -1126,7 +1126,12 @@ def num_game_actions(rom: str) -> int:
 
 def start_run(args: Args, rom: str, net, replay, updates: int, evaluations: list, device, resumed: bool) -> Run:
     game = camel_name(rom)
-    run_name = f"{game}__{args.exp_name}__{args.agent}-{args.moe}-{args.encoder}__{args.seed}__{int(time.time())}"
+    variant = f"{args.agent}-{args.moe}-{args.encoder}"
+    run_name = base_name = f"{game}__{args.exp_name}__{variant}__{args.seed}__{int(time.time())}"
+    attempt = 1
+    while os.path.exists(os.path.join("runs", run_name)):  # a run started in the same second gets its own directory
+        attempt += 1
+        run_name = f"{base_name}-{attempt}"
     run_dir = os.path.join("runs", run_name)
     os.makedirs(run_dir, exist_ok=True)
     if args.track:

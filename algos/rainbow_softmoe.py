@@ -48,6 +48,7 @@ import random
 import re
 import signal
 import sys
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -1312,7 +1313,11 @@ class Run:
 
 def start_run(args: Args, rom: str, net, replay, global_step: int, episodes: list, device, resumed: bool) -> Run:
     game = camel_name(rom)
-    run_name = f"{game}__{args.exp_name}__{args.moe}-{args.encoder}__{args.seed}__{int(time.time())}"
+    run_name = base_name = f"{game}__{args.exp_name}__{args.moe}-{args.encoder}__{args.seed}__{int(time.time())}"
+    attempt = 1
+    while os.path.exists(os.path.join("runs", run_name)):  # a run started in the same second gets its own directory
+        attempt += 1
+        run_name = f"{base_name}-{attempt}"
     run_dir = os.path.join("runs", run_name)
     os.makedirs(run_dir, exist_ok=True)
     if args.track:
@@ -1571,7 +1576,7 @@ def write_learning_curve(path: str, episodes: list[tuple], game: str, title: str
         ax.axhline(human, color="r", ls=":", label=f"human ({human:g})")
     ax.set_xlabel("environment steps (agent steps, 4 frames each)")
     ax.set_ylabel("episode return (unclipped)")
-    ax.set_title(title)
+    ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=9)  # long run names wrap instead of being cut
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -51,6 +51,7 @@ import os
 import random
 import re
 import signal
+import textwrap
 import time
 from dataclasses import asdict, dataclass
 from typing import Annotated, Literal
@@ -609,7 +610,7 @@ def write_learning_curve(run_dir: str, scores: np.ndarray, block: int, title: st
         ax.axhline(final, color="b", ls="--", lw=0.8, label=f"paper, final ({final:g})")
     ax.set_xlabel("episode")
     ax.set_ylabel(f"mean score per {block} episodes")
-    ax.set_title(title)
+    ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=9)  # long run names wrap instead of being cut
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(run_dir, "learning_curve.png"), dpi=110)
@@ -768,7 +769,11 @@ def main(args: Args) -> dict:
         rng.set_state(ckpt["rng_state"])
     start_episode, start_step = episodes, global_step
 
-    run_name = f"{game}__{args.exp_name}__{args.activations}__{args.seed}__{int(time.time())}"
+    run_name = base_name = f"{game}__{args.exp_name}__{args.activations}__{args.seed}__{int(time.time())}"
+    attempt = 1
+    while os.path.exists(os.path.join("runs", run_name)):  # a run started in the same second gets its own directory
+        attempt += 1
+        run_name = f"{base_name}-{attempt}"
     run_dir = os.path.join("runs", run_name)
     os.makedirs(run_dir, exist_ok=True)
     if args.track:

@@ -37,6 +37,7 @@ import os
 import random
 import signal
 import sys
+import textwrap
 import time
 from dataclasses import asdict, dataclass
 from typing import Annotated, Literal, NamedTuple
@@ -908,7 +909,7 @@ def write_learning_curve(run_dir, scores, counts, block, title, paper_score=None
         ax.axhline(paper_score, color="r", ls=":", label=f"paper, final ({paper_score})")
     ax.set_xlabel("episode")
     ax.set_ylabel(f"mean score per {block} episodes")
-    ax.set_title(title)
+    ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=9)  # long run names wrap instead of being cut
     ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(run_dir, "learning_curve.png"), dpi=110)
@@ -1083,7 +1084,11 @@ def main(args: Args) -> dict:
 
     env_name = args.env_id.split("/")[-1]
     act_name = "+".join(args.activation)
-    run_name = f"{env_name}__{args.exp_name}__{args.network}-{act_name}__{args.seed}__{int(time.time())}"
+    run_name = base_name = f"{env_name}__{args.exp_name}__{args.network}-{act_name}__{args.seed}__{int(time.time())}"
+    attempt = 1
+    while os.path.exists(os.path.join("runs", run_name)):  # a run started in the same second gets its own directory
+        attempt += 1
+        run_name = f"{base_name}-{attempt}"
     run_dir = os.path.join("runs", run_name)
     os.makedirs(run_dir, exist_ok=True)
     if args.track:

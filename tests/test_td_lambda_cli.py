@@ -71,6 +71,19 @@ def test_checkpoint_round_trip_is_exact_and_evaluation_runs(tmp_path, monkeypatc
     assert history.shape == (2, 25) and torch.equal(history[:, :20], ckpt["scores"])  # the curve continues
 
 
+def test_runs_started_in_the_same_second_keep_their_own_directories(tmp_path, monkeypatch):
+    """run names end in int(time.time()): a second run (or a resume) in the same second must not overwrite the first."""
+    monkeypatch.chdir(tmp_path)
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(td.time, "time", lambda: 1_800_000_000.0 + next(ticks) * 1e-6)  # the clock stays in one second
+    first = run(total_episodes=4, num_runs=1, save_model=True)
+    resumed = run(total_episodes=6, num_runs=1, save_model=True, resume=first["checkpoint"])
+    again = run(total_episodes=4, num_runs=1, save_model=True)
+    assert resumed["run_name"] == first["run_name"] + "-2" and again["run_name"] == first["run_name"] + "-3"
+    assert td.load_checkpoint(first["checkpoint"], td.fill_defaults(td.Args()))["episodes"].tolist() == [4]
+    assert td.load_checkpoint(resumed["checkpoint"], td.fill_defaults(td.Args()))["episodes"].tolist() == [6]
+
+
 def test_several_activations_train_in_one_process_with_outputs_per_activation(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     summary = run(total_episodes=12, num_runs=2, activation=("dsilu", "relu"), save_model=True)
