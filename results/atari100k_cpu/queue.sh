@@ -9,8 +9,9 @@
 #   ONLY='_s2$' bash results/atari100k_cpu/queue.sh 0 2        # only the runs whose name matches a regex (--list too)
 #   THREADS=2 bash results/atari100k_cpu/queue.sh 0 1          # one worker on both cores: one run finishes sooner
 #
-# Job i (of those ONLY selects) belongs to worker i % NUM_WORKERS. Resumable: a run whose summary.json says complete is skipped, a run with a
-# checkpoint goes on from it (replay memory and priorities included, --checkpoint-replay), anything else starts afresh.
+# Job i (of those ONLY selects) belongs to worker i % NUM_WORKERS. Resumable: a run whose summary.json says complete is
+# skipped, a run with a checkpoint goes on from it (replay memory and priorities included, --checkpoint-replay),
+# anything else starts afresh.
 # Working files (checkpoints, replay memories: ~0.7 GB per run) stay in results/atari100k_cpu/work/ (git-ignored; they
 # do not survive a fresh checkout, so only a run that finishes within one sitting lands);
 # a finished run's summary, episodes, curve, tensorboard events and log are copied to results/atari100k_cpu/<run>/.
