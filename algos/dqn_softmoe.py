@@ -89,8 +89,8 @@ class Args:
     runs/{run_name}/{script}.pt, at the end and every --write-every-minutes"""
     checkpoint_replay: bool = False
     """with --save-model: also save the replay memory (and the PER priorities) beside the checkpoint as
-    {script}_replay.npz (7,064 bytes per stored transition: 0.7 GB at 100k), so that --resume goes on learning from the
-    same memory at once instead of refilling it for --learning-starts steps"""
+    {script}_replay_{step}.npz (7,064 bytes per stored transition: 0.7 GB at 100k), so that --resume goes on learning
+    from the same memory at once instead of refilling it for --learning-starts steps"""
     resume: Annotated[str | None, tyro.conf.arg(aliases=("--load-model",))] = None
     """checkpoint to resume (alias --load-model): networks, optimiser, counters, episode history, random generators
     and, if it was saved with --checkpoint-replay, the replay memory. --total-timesteps counts from the start of the
@@ -870,7 +870,7 @@ def main(args: Args) -> dict:
                 raise ValueError(
                     f"--resume {args.resume!r} is already at step {ckpt['global_step']:,}; raise --total-timesteps"
                 )
-            saved_replay = load_replay(args.resume) if ckpt.get("replay") else None
+            saved_replay = load_replay(args.resume, ckpt["replay"]) if ckpt.get("replay") else None
         except ValueError as err:
             error = str(err)
     if error:
@@ -1101,10 +1101,11 @@ def write_outputs(run: Run, global_step, updates, checkpoint, replay, rng, compl
         path = os.path.join(run.run_dir, f"{SCRIPT}.pt")
         state = checkpoint() | {"global_step": global_step, "updates": updates, "episodes": episodes}
         state |= {"numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state()}
-        if args.checkpoint_replay:
-            save_replay(path, replay)
-            state["replay"] = os.path.basename(replay_path(path))
+        if args.checkpoint_replay:  # the replay first, under its own step's name; the older one goes last
+            state["replay"] = save_replay(path, replay, global_step)
         save_checkpoint(path, args, state)
+        if args.checkpoint_replay:
+            remove_stale_replays(path, keep=state["replay"])
         run.summary["checkpoint"] = path
     with open(os.path.join(run.run_dir, "summary.json"), "w") as f:
         json.dump(run.summary, f, indent=2)
@@ -1159,20 +1160,34 @@ def iteration_returns(episodes: list, iteration_steps: int, global_step: int) ->
     return out
 
 
-def replay_path(checkpoint_path: str) -> str:
-    return checkpoint_path.removesuffix(".pt") + "_replay.npz"
+def replay_path(checkpoint_path: str, global_step: int) -> str:
+    """The replay memory saved with the checkpoint of `global_step`. One file per step: the checkpoint names its own,
+    and the older file is removed only after the checkpoint that replaces it is written, so a hard kill (SIGKILL, power
+    loss) between the two writes leaves the previous checkpoint with the very memory it was saved with."""
+    return f"{checkpoint_path.removesuffix('.pt')}_replay_{global_step}.npz"
 
 
-def save_replay(checkpoint_path: str, replay):
-    """The replay memory beside the checkpoint, written atomically (uncompressed .npz, no pickle)."""
-    path = replay_path(checkpoint_path)
+def save_replay(checkpoint_path: str, replay, global_step: int) -> str:
+    """The replay memory beside the checkpoint, written atomically (uncompressed .npz, no pickle); returns its name."""
+    path = replay_path(checkpoint_path, global_step)
     with open(f"{path}.tmp", "wb") as f:
         np.savez(f, **replay.state_dict())
     os.replace(f"{path}.tmp", path)
+    return os.path.basename(path)
 
 
-def load_replay(checkpoint_path: str) -> dict[str, np.ndarray]:
-    path = replay_path(checkpoint_path)
+def remove_stale_replays(checkpoint_path: str, keep: str):
+    """Every replay file beside the checkpoint but the one it names (left by earlier writes or by a killed one)."""
+    stem = os.path.basename(checkpoint_path).removesuffix(".pt")
+    folder = os.path.dirname(checkpoint_path) or "."
+    for name in os.listdir(folder):
+        if name.startswith(f"{stem}_replay") and name.endswith(".npz") and name != keep:
+            os.remove(os.path.join(folder, name))
+
+
+def load_replay(checkpoint_path: str, name: str) -> dict[str, np.ndarray]:
+    """The replay memory the checkpoint names (`name`, a file beside it)."""
+    path = os.path.join(os.path.dirname(checkpoint_path), os.path.basename(name))
     try:
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}

@@ -771,16 +771,17 @@ def test_resume_with_the_replay_memory_learns_at_once_from_the_same_memory(tmp_p
     first = run(moe="none", encoder="nature", total_timesteps=300, learning_starts=150, save_model=True,
                 checkpoint_replay=True)  # fmt: skip
     path = first["checkpoint"]
-    saved = np.load(dqn.replay_path(path))
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["replay"] == os.path.basename(dqn.replay_path(path, 300))
+    saved = np.load(dqn.replay_path(path, 300))
     count = int(saved["pointers"][1])  # 300 agent steps, plus a reset step after each finished episode
     assert (
         count >= 300
         and saved["frames"].shape == (count, 1, 84, 84)
         and list(saved["pointers"]) == [count, count, 2000, 1]
     )
-    ckpt = torch.load(path, weights_only=True)
     memory = dqn.FrameReplay(2000, 1)
-    memory.load_state_dict(dqn.load_replay(path))
+    memory.load_state_dict(dqn.load_replay(path, ckpt["replay"]))
     assert not memory.valid[count - 1].any()  # the interrupted episode's last row has no stored successor
     for name in ("frames", "actions", "rewards", "terminals", "history"):
         np.testing.assert_array_equal(getattr(memory, name)[:count], saved[name])
@@ -791,9 +792,33 @@ def test_resume_with_the_replay_memory_learns_at_once_from_the_same_memory(tmp_p
     resumed = run(moe="none", encoder="nature", total_timesteps=400, learning_starts=150, save_model=True,
                   checkpoint_replay=True, resume=path)  # fmt: skip
     assert resumed["start_step"] == 300 and resumed["updates"] == first["updates"] + int(99 * 0.25)  # no refill
-    os.remove(dqn.replay_path(path))
+    assert resumed["checkpoint"] != path and os.path.exists(path)  # the resume has its own run directory
+    os.remove(dqn.replay_path(path, 300))
     with pytest.raises(SystemExit, match="was saved with its replay memory, but .* is missing"):
         run(moe="none", encoder="nature", total_timesteps=500, resume=path)
+
+
+def test_a_kill_between_the_replay_and_the_checkpoint_write_leaves_a_consistent_pair(tmp_path, monkeypatch):
+    """The replay memory is written first, under its step's name; the checkpoint names it; the older file goes last.
+    A kill after the newer replay but before its checkpoint leaves the older checkpoint with its own memory."""
+    monkeypatch.chdir(tmp_path)
+    kw = dict(moe="none", encoder="nature", learning_starts=150, save_model=True, checkpoint_replay=True)
+    path = run(total_timesteps=300, **kw)["checkpoint"]
+    own = dict(np.load(dqn.replay_path(path, 300)))
+    killed = dqn.FrameReplay(2000, 1)  # what a later write would have put down before the kill: another memory
+    killed.add(np.zeros((1, 84, 84), np.uint8), np.zeros(1), np.zeros(1), np.zeros(1), np.ones(1, bool), np.zeros(1))
+    dqn.save_replay(path, killed, 350)
+    ckpt = torch.load(path, weights_only=True)
+    loaded = dqn.load_replay(path, ckpt["replay"])
+    assert all(np.array_equal(loaded[k], own[k]) for k in own)
+    assert list(loaded["pointers"]) != list(np.load(dqn.replay_path(path, 350))["pointers"])
+    dqn.remove_stale_replays(path, keep=ckpt["replay"])  # what the next write does once its checkpoint is down
+    assert sorted(n for n in os.listdir(os.path.dirname(path)) if "_replay" in n) == [ckpt["replay"]]
+    # the resumed run writes its own pair, and its run directory keeps one replay file, the one its checkpoint names
+    resumed = run(total_timesteps=400, resume=path, **kw)
+    folder = os.path.dirname(resumed["checkpoint"])
+    names = sorted(n for n in os.listdir(folder) if "_replay" in n)
+    assert names == [torch.load(resumed["checkpoint"], weights_only=True)["replay"]] == [f"{dqn.SCRIPT}_replay_400.npz"]
 
 
 def test_a_checkpoint_of_another_script_is_refused_with_its_name(tmp_path, monkeypatch):

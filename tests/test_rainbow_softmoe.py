@@ -435,11 +435,11 @@ def test_resume_with_the_replay_memory_keeps_the_priorities(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     kw = dict(SMALL, learning_starts=100, save_model=True, checkpoint_replay=True)
     first = run(total_timesteps=200, **kw)
-    saved = np.load(rb.replay_path(first["checkpoint"]))
+    saved = np.load(rb.replay_path(first["checkpoint"], 200))
     priorities = saved["priorities"]
     assert (priorities[: saved["pointers"][1]] != 1.0).sum() > 10  # learned priorities, not only the initial ones
     memory = rb.FrameReplay(3000, 1, prioritized=True)
-    memory.load_state_dict(rb.load_replay(first["checkpoint"]))
+    memory.load_state_dict(rb.load_replay(first["checkpoint"], f"{rb.SCRIPT}_replay_200.npz"))
     np.testing.assert_array_equal(memory.tree.get(np.arange(3000)), priorities)
     assert memory.tree.max_recorded == float(saved["max_priority"])
     resumed = run(total_timesteps=260, resume=first["checkpoint"], **kw)
