@@ -581,7 +581,7 @@ class EpisodeTracker:
         acted = ~reset_step
         life_lost = (lives < self.lives) & (lives > 0)
         terminal = acted & (terminated | (truncated & self.truncation_is_terminal))
-        cut = acted & truncated & ~terminated & ~self.truncation_is_terminal  # the time limit, not the game, ended it
+        cut = acted & truncated & ~terminated & (not self.truncation_is_terminal)  # the time limit, not the game
         episode_over = acted & (truncated | (terminated & ~(self.life_loss_terminal & life_lost)))
         history = np.minimum(self.stack_steps, STACK - 1)
         self.returns += np.where(acted, rewards, 0)

@@ -75,6 +75,10 @@ class Args:
     """'auto' (CUDA if available, else CPU), 'cpu', 'cuda' or 'cuda:N'"""
     torch_deterministic: bool = True
     """torch.backends.cudnn.deterministic"""
+    cuda_graph: bool = False
+    """on a CUDA device: record one update (loss, backward, Adam step) and the acting pass as CUDA graphs at the first
+    update and replay them; the same maths, without the per-kernel launch cost that bounds an eager loop on a GPU
+    (the noise and augmentation draws differ from eager mode's)"""
     track: bool = False
     """log to Weights & Biases (needs `pip install wandb`)"""
     wandb_project_name: str = "softmoe-deep-rl"
@@ -273,6 +277,8 @@ def validate_common(args) -> str | None:
         )
     if args.device != "auto" and args.device.startswith("cuda") and not torch.cuda.is_available():
         return f"--device {args.device} asked for CUDA but torch sees no GPU; use --device cpu or auto"
+    if args.cuda_graph and (args.device == "cpu" or not torch.cuda.is_available()):
+        return "--cuda-graph records CUDA graphs and needs a GPU; drop it on a CPU"
     return None
 
 
@@ -459,7 +465,7 @@ class EpisodeTracker:
         acted = ~reset_step
         life_lost = (lives < self.lives) & (lives > 0)
         terminal = acted & (terminated | (truncated & self.truncation_is_terminal))
-        cut = acted & truncated & ~terminated & ~self.truncation_is_terminal  # the time limit, not the game, ended it
+        cut = acted & truncated & ~terminated & (not self.truncation_is_terminal)  # the time limit, not the game
         episode_over = acted & (truncated | (terminated & ~(self.life_loss_terminal & life_lost)))
         history = np.minimum(self.stack_steps, STACK - 1)
         self.returns += np.where(acted, rewards, 0)
@@ -815,11 +821,15 @@ def epsilon_schedule(step: int, decay_steps: int, warmup_steps: int, end_e: floa
     return end_e + min(max(bonus, 0.0), 1.0 - end_e)
 
 
-def select_actions(q_net, obs: np.ndarray, epsilon: float, rng: np.random.Generator, num_actions: int, device):
-    """epsilon-greedy per environment; the network only sees the environments that act greedily."""
+def select_actions(q_net, obs: np.ndarray, epsilon: float, rng: np.random.Generator, num_actions: int, device,
+                   policy=None):  # fmt: skip
+    """epsilon-greedy per environment; the network only sees the environments that act greedily (a GraphedPolicy,
+    --cuda-graph, gives every environment's greedy action in one replay)."""
     actions = rng.integers(0, num_actions, size=len(obs))
     greedy = rng.random(len(obs)) > epsilon  # Dopamine explores when u <= epsilon
-    if greedy.any():
+    if greedy.any() and policy is not None:
+        actions[greedy] = policy(obs)[greedy]
+    elif greedy.any():
         with torch.inference_mode():
             q = q_net(torch.from_numpy(obs[greedy]).to(device))
         actions[greedy] = q.argmax(1).cpu().numpy()
@@ -857,6 +867,77 @@ def to_tensors(batch: dict, device) -> dict[str, torch.Tensor]:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# --cuda-graph: the update and the acting pass recorded once as CUDA graphs and replayed (same maths, fewer launches)
+# ----------------------------------------------------------------------------------------------------------------------
+class GraphedUpdate:
+    """One update (`loss_fn`, backward, the Adam step) recorded as a CUDA graph and replayed on a static batch
+    (PyTorch's whole-network capture): one launch instead of the 100-400 kernel launches whose host-side cost, not
+    the GPU's work, bounds an eager update on a GPU. Three warm-up updates on a side stream (cuDNN and cuBLAS choose
+    their kernels, Adam creates its state) are undone before the capture, so the weights and Adam's moments go on as
+    in eager mode; only the random draws (noise, augmentation) are other ones. Needs Adam(capturable=True)."""
+
+    def __init__(self, loss_fn, q_net, target_net, optimizer, batch: dict, args):
+        device = next(q_net.parameters()).device
+        self.static = to_tensors(batch, device)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        before = [p.detach().clone() for p in params]
+        state_before = {i: {k: v.clone() for k, v in optimizer.state[p].items()} for i, p in enumerate(params)}
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                loss, _ = loss_fn(q_net, target_net, self.static, args)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+        torch.cuda.current_stream(device).wait_stream(side)
+        with torch.no_grad():  # undo the warm-up: parameters, moments and step counts as they were (zero if new)
+            for i, p in enumerate(params):
+                p.copy_(before[i])
+                for k, v in optimizer.state[p].items():
+                    if k in state_before[i]:
+                        v.copy_(state_before[i][k])
+                    else:
+                        v.zero_()
+        optimizer.zero_grad(set_to_none=True)  # backward in the graph writes the gradients, never accumulates
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            loss, self.metrics = loss_fn(q_net, target_net, self.static, args)
+            loss.backward()
+            optimizer.step()
+
+    def __call__(self, batch: dict) -> dict:
+        """Copy the sampled batch into the graph's input tensors and replay; the metrics are the graph's outputs."""
+        for key, tensor in self.static.items():
+            tensor.copy_(torch.from_numpy(batch[key]))
+        self.graph.replay()
+        return self.metrics
+
+
+class GraphedPolicy:
+    """argmax_a Q(s, a) for every environment, recorded once as a CUDA graph (with NoisyNets, each replay draws fresh
+    noise, as every eager forward pass does)."""
+
+    def __init__(self, q_net, num_envs: int):
+        device = next(q_net.parameters()).device
+        self.obs = torch.zeros(num_envs, STACK, *FRAME_SHAPE, dtype=torch.uint8, device=device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side), torch.no_grad():
+            for _ in range(3):
+                q_net(self.obs)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph), torch.no_grad():
+            self.actions = q_net(self.obs).argmax(1)
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        self.obs.copy_(torch.from_numpy(obs))
+        self.graph.replay()
+        return self.actions.cpu().numpy()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # Main: set up, then the loop act -> step -> store -> learn
 # ----------------------------------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
@@ -889,7 +970,9 @@ def main(args: Args) -> dict:
     target_net.requires_grad_(False)
     # fused=True: Adam's update in one vectorised pass over each tensor instead of ~10 elementwise ops (same maths,
     # 4x faster on CPU, where the unfused step of the 4M-parameter net took a quarter of each update)
-    optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=True)
+    optimizer = torch.optim.Adam(
+        q_net.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=True, capturable=args.cuda_graph
+    )
     replay = FrameReplay(args.buffer_size, args.num_envs)
     global_step, updates, episodes = 0, 0, []
     if ckpt is not None:
@@ -910,21 +993,26 @@ def main(args: Args) -> dict:
     logger = (
         ReplayLogger(args.save_replay, args.num_envs, args.save_replay_rows, args.n_step) if args.save_replay else None
     )
+    policy, update = (GraphedPolicy(q_net, args.num_envs), None) if args.cuda_graph else (None, None)
     obs, info = envs.reset(seed=args.seed)
     tracker = EpisodeTracker(args.num_envs, args.protocol != "dopamine", args.truncation_is_terminal, info)
     with stop_signals() as stopped:
         while global_step < args.total_timesteps and not stopped():
             epsilon = epsilon_schedule(global_step, args.epsilon_decay_steps, args.learning_starts, args.end_e)
-            actions = select_actions(q_net, obs, epsilon, rng, num_actions, device)
+            actions = select_actions(q_net, obs, epsilon, rng, num_actions, device, policy)
             envs.send(actions)  # the emulators step in their threads while the network learns
 
             if global_step > learn_from and replay.can_sample(args.n_step):
                 while updates < updates_before + int((global_step - learn_from) * args.replay_ratio):
-                    batch = to_tensors(replay.sample(args.batch_size, rng, args.n_step, args.gamma), device)
-                    loss, metrics = dqn_loss(q_net, target_net, batch, args)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    optimizer.step()
+                    batch = replay.sample(args.batch_size, rng, args.n_step, args.gamma)
+                    if args.cuda_graph:  # the same update, recorded at the first and replayed
+                        update = update or GraphedUpdate(dqn_loss, q_net, target_net, optimizer, batch, args)
+                        metrics = update(batch)
+                    else:
+                        loss, metrics = dqn_loss(q_net, target_net, to_tensors(batch, device), args)
+                        optimizer.zero_grad(set_to_none=True)
+                        loss.backward()
+                        optimizer.step()
                     updates += 1
                 if period_crossed(last_sync, global_step, args.target_network_frequency):
                     target_net.load_state_dict(q_net.state_dict())

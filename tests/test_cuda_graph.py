@@ -1,0 +1,108 @@
+"""--cuda-graph (dqn_softmoe.py, rainbow_softmoe.py): the replayed graph makes the same updates and picks the same
+actions as eager mode. Everything but the CPU error needs a GPU and is skipped without one."""
+
+import dqn_softmoe as dqn
+import numpy as np
+import pytest
+import rainbow_softmoe as rb
+import torch
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+NETWORKS = [dict(encoder="nature", moe="none"), dict(encoder="nature", moe="softmoe", num_experts=2, expert_width=32)]
+
+
+def filled_replay(module, args, rows=600, seed=0):
+    rng = np.random.default_rng(seed)
+    kw = {"prioritized": not args.uniform_replay} if module is rb else {}
+    replay = module.FrameReplay(rows, 1, **kw)
+    for t in range(rows):
+        frame = rng.integers(0, 256, (1, 84, 84), dtype=np.uint8)
+        replay.add(frame, np.array([t % 4]), np.array([float(t % 7 == 0)]), np.array([t % 90 == 89]),
+                   np.ones(1, bool), np.array([min(t % 90, 3)]))  # fmt: skip
+    return replay
+
+
+def twin_learners(module, args):
+    """Two identical online/target pairs with their Adam optimisers (capturable, as --cuda-graph makes them)."""
+    torch.manual_seed(0)
+    nets = module.build_network(args, 4).cuda()
+    learners = []
+    for _ in range(2):
+        q_net, target_net = module.build_network(args, 4).cuda(), module.build_network(args, 4).cuda()
+        q_net.load_state_dict(nets.state_dict())
+        target_net.load_state_dict(nets.state_dict())
+        optimizer = torch.optim.Adam(q_net.parameters(), lr=1e-3, eps=args.adam_eps, fused=True, capturable=True)
+        learners.append((q_net, target_net, optimizer))
+    return learners
+
+
+@needs_cuda
+@pytest.mark.parametrize("module", [dqn, rb], ids=["dqn", "rainbow"])
+@pytest.mark.parametrize("network", NETWORKS, ids=["none", "softmoe"])
+def test_the_replayed_update_makes_the_eager_updates(module, network):
+    """Three updates on three batches: the same parameters (noise off, no augmentation: nothing random), so the graph
+    neither accumulates gradients nor keeps the warm-up's steps."""
+    args = module.Args(**network, device="cuda")
+    if module is rb:
+        args.noisy = False
+    args = module.fill_defaults(args)
+    loss_fn = rb.rainbow_loss if module is rb else dqn.dqn_loss
+    replay, rng = filled_replay(module, args), np.random.default_rng(1)
+    batches = [replay.sample(32, rng, args.n_step, args.gamma) for _ in range(3)]
+    (q_eager, t_eager, opt_eager), (q_graph, t_graph, opt_graph) = twin_learners(module, args)
+    update = module.GraphedUpdate(loss_fn, q_graph, t_graph, opt_graph, batches[0], args)
+    for batch in batches:
+        loss, eager_metrics = loss_fn(q_eager, t_eager, module.to_tensors(batch, "cuda"), args)
+        opt_eager.zero_grad(set_to_none=True)
+        loss.backward()
+        opt_eager.step()
+        graph_metrics = update(batch)
+        torch.testing.assert_close(graph_metrics["td_loss"], eager_metrics["td_loss"], rtol=1e-4, atol=1e-6)
+    for (name, a), b in zip(q_eager.state_dict().items(), q_graph.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@needs_cuda
+@pytest.mark.parametrize("module", [dqn, rb], ids=["dqn", "rainbow"])
+def test_the_replayed_policy_picks_the_eager_greedy_actions(module):
+    args = module.fill_defaults(module.Args(encoder="nature", moe="none", device="cuda"))
+    torch.manual_seed(0)
+    q_net = module.build_network(args, 6).cuda()
+    if module is rb:
+        rb.set_noise(q_net, False)  # NoisyNets draw other noise in the graph than eagerly
+    policy = module.GraphedPolicy(q_net, num_envs=3)
+    obs = np.random.default_rng(0).integers(0, 256, (3, 4, 84, 84), dtype=np.uint8)
+    with torch.no_grad():
+        eager = q_net(torch.from_numpy(obs).cuda()).argmax(1).cpu().numpy()
+    np.testing.assert_array_equal(policy(obs), eager)
+
+
+@needs_cuda
+@pytest.mark.parametrize(
+    "module, kw",
+    [
+        (dqn, dict(encoder="nature", num_experts=2, expert_width=32)),
+        (rb, dict(preset="full-rainbow", encoder="nature", num_experts=2, expert_width=32)),
+        (rb, dict(preset="drq-eps", encoder="nature", moe="none")),  # augmentation, target period 1
+    ],
+    ids=["dqn", "rainbow", "drq-eps"],
+)
+def test_a_run_with_cuda_graphs_learns_and_writes_its_checkpoint(tmp_path, monkeypatch, module, kw):
+    monkeypatch.chdir(tmp_path)
+    kw = dict(kw, env_id="ALE/Breakout-v5", total_timesteps=400, learning_starts=200, buffer_size=3000,
+              analysis_every=0, log_every_seconds=1000.0, cuda_graph=True, device="cuda", save_model=True)  # fmt: skip
+    if module is rb:
+        summary = rb.main(rb.preset_args(kw.pop("preset"), **kw))
+    else:
+        summary = dqn.main(dqn.Args(**kw))
+    assert summary["complete"] and summary["updates"] > 0
+    saved = torch.load(summary["checkpoint"], weights_only=True)
+    assert all(torch.isfinite(v).all() for v in saved["q_net"].values())
+
+
+@pytest.mark.parametrize("module", [dqn, rb], ids=["dqn", "rainbow"])
+def test_cuda_graph_on_a_cpu_is_a_one_line_error(tmp_path, monkeypatch, module):
+    monkeypatch.chdir(tmp_path)
+    args = module.Args(env_id="ALE/Breakout-v5", device="cpu", cuda_graph=True)
+    with pytest.raises(SystemExit, match="--cuda-graph records CUDA graphs and needs a GPU"):
+        module.main(args)
