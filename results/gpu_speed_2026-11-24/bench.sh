@@ -41,9 +41,10 @@ table="$out/sps.tsv"
 common=(--total-timesteps "$steps" --learning-starts 1000 --buffer-size 10000)
 ours=(--env-id ALE/Breakout-v5 "${common[@]}" --analysis-every 0 --device cuda --exp-name gpu_speed)
 
-measure() {  # name, then the command; the steps/s it reports goes to the table
+measure() {  # name, then the command; the steps/s it reports goes to the table (ONLY=REGEX picks names)
   local name=$1
   shift
+  [[ $name =~ ${ONLY:-.} ]] || return 0
   echo "+ $*" >>"$log"
   local t0=$SECONDS
   timeout 300 "$@" >"$out/last.txt" 2>&1
