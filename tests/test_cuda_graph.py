@@ -89,8 +89,10 @@ def test_the_replayed_policy_picks_the_eager_greedy_actions(module):
 )
 def test_a_run_with_cuda_graphs_learns_and_writes_its_checkpoint(tmp_path, monkeypatch, module, kw):
     monkeypatch.chdir(tmp_path)
+    # eval_episodes 0: drq-eps evaluates 100 episodes by default, which an untrained Breakout agent may never end
     kw = dict(kw, env_id="ALE/Breakout-v5", total_timesteps=400, learning_starts=200, buffer_size=3000,
-              analysis_every=0, log_every_seconds=1000.0, cuda_graph=True, device="cuda", save_model=True)  # fmt: skip
+              analysis_every=0, log_every_seconds=1000.0, cuda_graph=True, device="cuda", save_model=True,
+              eval_episodes=0)  # fmt: skip
     if module is rb:
         summary = rb.main(rb.preset_args(kw.pop("preset"), **kw))
     else:
