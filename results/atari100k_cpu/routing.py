@@ -54,7 +54,7 @@ def main():
         if args.moe not in ("softmoe", "none") or not ckpt.get("replay"):
             continue
         replay = rb.FrameReplay(args.buffer_size, args.num_envs, prioritized=False)
-        saved = rb.load_replay(path)
+        saved = rb.load_replay(path, ckpt["replay"])
         for key in ("priorities", "max_priority"):  # read as a uniform replay: the states are all it needs
             saved.pop(key, None)
         replay.load_state_dict(saved)
