@@ -59,7 +59,9 @@ if [ "${1:-}" = "--list" ]; then
     read -r agent game moe seed <<<"$job"
     name="${agent}_${game}_${moe}_s${seed}"
     if complete "$name"; then state=complete
-    elif [ -n "$(latest "$name" rainbow_softmoe.pt)" ]; then state="checkpoint at step $("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['global_step'])" "$(latest "$name" summary.json)")"
+    elif [ -n "$(latest "$name" rainbow_softmoe.pt)" ]; then
+      step=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['global_step'])" "$(latest "$name" summary.json)")
+      state="checkpoint at step $step"
     else state="not started"; fi
     echo "$name: $state"
   done
