@@ -14,7 +14,8 @@
 # anything else starts afresh.
 # Working files (checkpoints, replay memories: ~0.7 GB per run) stay in results/atari100k_cpu/work/ (git-ignored; they
 # do not survive a fresh checkout, so only a run that finishes within one sitting lands);
-# a finished run's summary, episodes, curve, tensorboard events and log are copied to results/atari100k_cpu/<run>/.
+# a finished run's summary, episodes, curve, log and the tensorboard events of all its segments are copied to
+# results/atari100k_cpu/<run>/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -93,7 +94,8 @@ for i in "${!jobs[@]}"; do
   if complete "$name"; then
     dir=$(dirname "$(latest "$name" summary.json)")
     mkdir -p "$OUT/$name"
-    cp "$dir"/summary.json "$dir"/episodes.csv "$dir"/learning_curve.png "$dir"/events.out.tfevents.* "$OUT/$name/"
+    cp "$dir"/summary.json "$dir"/episodes.csv "$dir"/learning_curve.png "$OUT/$name/"
+    cp "$WORK"/runs/*__"$name"__*/events.out.tfevents.* "$OUT/$name/"  # every segment's tensorboard events
     cp "logs/$name.log" "$OUT/$name/train_log.txt"
     echo "$name: complete, copied to $OUT/$name"
   else
