@@ -95,7 +95,11 @@ for i in "${!jobs[@]}"; do
     dir=$(dirname "$(latest "$name" summary.json)")
     mkdir -p "$OUT/$name"
     cp "$dir"/summary.json "$dir"/episodes.csv "$dir"/learning_curve.png "$OUT/$name/"
-    cp "$WORK"/runs/*__"$name"__*/events.out.tfevents.* "$OUT/$name/"  # every segment's tensorboard events
+    # every segment's tensorboard events: the run directories that left a checkpoint (one the queue resumed from, or
+    # the last); an attempt stopped before its first checkpoint was started over, so its events are not the run's
+    for checkpoint in "$WORK"/runs/*__"$name"__*/rainbow_softmoe.pt; do
+      cp "$(dirname "$checkpoint")"/events.out.tfevents.* "$OUT/$name/"
+    done
     cp "logs/$name.log" "$OUT/$name/train_log.txt"
     echo "$name: complete, copied to $OUT/$name"
   else
