@@ -1,20 +1,16 @@
 """Floating-point operations of one update (batch 32, forward + backward) and one acting pass (one state) of
 dqn_softmoe.py and rainbow_softmoe.py on the Nature CNN, counted by torch.utils.flop_counter (matrix products and
-convolutions only). Run from the repository root: python results/update_flops/count_flops.py"""
+convolutions only): python results/update_flops/count_flops.py"""
 
-import importlib.util
+import os
 import sys
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, f"algos/{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "algos"))
+import dqn_softmoe  # noqa: E402
+import rainbow_softmoe  # noqa: E402
 
 
 def count(fn) -> int:
@@ -52,8 +48,8 @@ def flops_of(module, loss_name: str, moe: str, batch_size: int, num_actions: int
 def main(batch_size: int = 32, num_actions: int = 4):  # Breakout's 4 actions, as in the README's speed table
     torch.manual_seed(0)
     rows = []
-    for script, loss_name in (("dqn_softmoe", "dqn_loss"), ("rainbow_softmoe", "rainbow_loss")):
-        module = load(script)
+    for module, loss_name in ((dqn_softmoe, "dqn_loss"), (rainbow_softmoe, "rainbow_loss")):
+        script = module.__name__
         for moe in ("none", "softmoe"):
             rows.append((script, moe, *flops_of(module, loss_name, moe, batch_size, num_actions)))
     print("| script | --moe | one update, batch 32 (GFLOP) | one acting pass (MFLOP) |")
