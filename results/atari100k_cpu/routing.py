@@ -1,7 +1,9 @@
 """How much the Soft MoE runs of the queue route: the routing statistics of `rainbow_softmoe.routing_statistics` on
 256 states from each run's own replay memory, for its latest checkpoint and for a freshly initialised network of the
 same architecture (seed 0), plus the spread of Q over the actions and the norm of the encoder's output tokens (the
-11 x 11 positions' 64-vectors). The baseline runs get the last two, for comparison.
+11 x 11 positions' 64-vectors). The baseline runs get the last two, for comparison. For runs with noisy experts (DER,
+full Rainbow) it also measures how often the greedy action stays the same when the experts' NoisyNet noise is left on:
+the reference's eval mode does that (its ExpertModel never receives eval_mode); our evaluation turns all noise off.
 
     .venv/bin/python results/atari100k_cpu/routing.py            # every Soft MoE run with a checkpoint in work/runs
     .venv/bin/python results/atari100k_cpu/routing.py --out results/atari100k_cpu/routing.json  # updates its entries
@@ -33,7 +35,20 @@ def statistics(net, states: torch.Tensor) -> dict:
     out["token_norm_in"] = float(tokens.norm(dim=-1).mean())
     if "dispatch" in aux:
         out["phi_norm"] = float(net.moe.phi.detach().norm()) if net.moe.phi is not None else None
+        if hasattr(net.moe.experts, "noise"):
+            out["same_greedy_action_with_expert_noise"] = expert_noise_agreement(net, states, q.argmax(1))
     return out
+
+
+def expert_noise_agreement(net, states: torch.Tensor, greedy: torch.Tensor, draws: int = 10) -> float:
+    """Fraction of states whose greedy action (all noise off) is unchanged with only the experts' noise on, mean over
+    `draws` noise draws (torch's generator, seed 0)."""
+    torch.manual_seed(0)
+    net.moe.experts.noise = True
+    with torch.no_grad():
+        same = [float((net(states).argmax(1) == greedy).float().mean()) for _ in range(draws)]
+    net.moe.experts.noise = False
+    return float(np.mean(same))
 
 
 def main():
@@ -88,6 +103,9 @@ def main():
                 f"{t['token_diversity_in']:.3f} (init {i['token_diversity_out']:.2e} / {i['token_diversity_in']:.3f}), "
                 f"|Phi| {t['phi_norm']:.3f} (init {i['phi_norm']:.3f})"
             )
+            key = "same_greedy_action_with_expert_noise"
+            if key in t:
+                line += f", greedy action unchanged with the experts' noise on {t[key]:.1%} (init {i[key]:.1%})"
         print(line)
     if cli.out:  # merge: a run measured earlier keeps its entry once its checkpoint is gone (a fresh checkout)
         if os.path.exists(cli.out):
