@@ -1,28 +1,30 @@
-"""Our Q-networks against the paper's reference code, on the same weights and on the same states.
+"""Our Q-networks and updates against the paper's reference code, on the same weights and on the same data.
 
 The reference is google/dopamine's `labs/moes` (Flax): `FullRainbowMoENetwork` (Rainbow, DER, DrQ(eps), and with
 noise off the offline agents' network), `NatureDQNMoE` and `ImpalaMoE` (DQN), with `softmoe.SoftMoE` and `moe.MoE`
-inside. For each configuration below this script
+inside. Three parts (`--parts`):
 
-1. initialises the reference network with Flax,
-2. copies those parameters into the matching network of algos/rainbow_softmoe.py, dqn_softmoe.py or cql_softmoe.py
-   (kernels transposed from Flax's HWIO / (in, out) layouts; the baseline's dense layer and the per-sample token
-   permuted from Flax's HWC flatten to PyTorch's CHW flatten),
-3. runs both on the same real Atari stacks (Boxing and Breakout, random play) with the NoisyNet noise off, and
-4. reports the largest difference in Q (and in the C51 logits).
-
-Then it compares the two libraries' own initialisations for the Atari-100k networks (DER.gin's Nature CNN with
-4 experts and the paper's Fig. 12 Impala network with 8 experts): the root mean square of every parameter tensor
-(the NoisyNet sigmas are constants), and the routing each starts with on those states (dispatch entropy / log m,
-1 = every slot the mean token).
+1. Same weights. For each configuration below: initialise the reference network with Flax, copy its parameters
+   into the matching network of algos/rainbow_softmoe.py, dqn_softmoe.py or cql_softmoe.py (kernels transposed from
+   Flax's HWIO / (in, out) layouts; the baseline's dense layer and the per-sample token permuted from Flax's HWC
+   flatten to PyTorch's CHW flatten), run both on the same real Atari stacks (Boxing and Breakout, random play) with
+   the noise off, and report the largest difference in Q (and in the C51 logits). For noisy experts it also reports
+   the reference's own eval mode, which leaves the experts' noise on (its ExpertModel never receives eval_mode).
+2. Own initialisations, for the Atari-100k networks (DER.gin's Nature CNN with 4 experts and the paper's Fig. 12
+   Impala network with 8 experts): the root mean square of every parameter tensor (the NoisyNet sigmas are
+   constants), and the routing each starts with on those states (dispatch entropy / log m, 1 = every slot the mean
+   token).
+3. One update on the same batch: the reference's jitted train() (full_rainbow_moe_agent; offline_rainbow_agent for
+   CQL) against our rainbow_loss / cql_loss and torch Adam, comparing the losses and the parameters after the step.
 
 Not compared: the noise draws themselves (a different random generator; the NoisyLinear docstring says how the two
 share noise), random Phi (ditto) and `--impala-kernel 4|6` (the reference's Stack hard-codes 3x3).
 
 The reference's `FullRainbowMoENetwork` cannot run its own baseline branch: it returns a hidden activation that it
 never assigned (`shared/reference/softmoe_dopamine.md` §3). This script adds that one assignment in memory, as
-`ImpalaMoE` has it, and changes nothing else. Modules the networks only touch in functions not called here
-(atari_lib, continuous_networks, tensorflow_probability) are stubbed.
+`ImpalaMoE` has it, and changes nothing else. Modules the code only touches in functions not called here
+(atari_lib, continuous_networks, tensorflow, tensorflow_probability, snappy, the statistics and offline replay
+modules) are stubbed while it is imported.
 
 Setup (JAX and Flax are not in requirements.txt; they live in a second venv):
     python -m venv .refvenv && .refvenv/bin/pip install torch==2.13.0 jax flax chex gin-config absl-py \
@@ -81,6 +83,8 @@ def import_reference(dopamine_dir: str):
         "tensorflow",
         "tensorflow_probability",
         "tensorflow_probability.substrates",
+        "dopamine.labs.offline_rl.fixed_replay",
+        "dopamine.labs.offline_rl.rlu_tfds.tfds_replay",
     )
     for name in stubs:
         sys.modules[name] = Stub(name)
@@ -95,10 +99,11 @@ def import_reference(dopamine_dir: str):
     sys.modules[spec.name] = networks
     exec(compile(source, spec.origin, "exec"), networks.__dict__)
     from dopamine.labs.moes.agents import full_rainbow_moe_agent
+    from dopamine.labs.offline_rl.jax import offline_rainbow_agent
 
     for name in stubs:  # the imported modules keep theirs; others (torch's import checks) must not see them
         del sys.modules[name]
-    return networks, full_rainbow_moe_agent
+    return networks, {"rainbow": full_rainbow_moe_agent, "offline": offline_rainbow_agent}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -440,18 +445,21 @@ def reference_apply(networks, cfg, num_actions, key, states_hwc):
 
 
 UPDATE_CONFIGS = [
-    ("DER.gin network, noise off: C51, 10-step double-DQN target, Soft MoE 4 experts", "der", "softmoe"),
-    ("DER baseline, noise off", "der", "none"),
-    ("DrQ(eps) without augmentation: scalar Q, Huber loss, Soft MoE 4 experts", "drq-eps", "softmoe"),
+    ("DER.gin network, noise off: C51, 10-step double-DQN target, Soft MoE 4 experts", "rainbow", "der", "softmoe"),
+    ("DER baseline, noise off", "rainbow", "der", "none"),
+    ("DrQ(eps) without augmentation: scalar Q, Huber loss, Soft MoE 4 experts", "rainbow", "drq-eps", "softmoe"),
+    ("CQL: Huber TD + 0.1 CQL penalty, 1-step target, Soft MoE 4 experts", "cql", "cql", "softmoe"),
+    ("CQL+C51: C51 TD + 0.1 penalty on expected Q, 3-step double-DQN, Soft MoE 4", "cql", "cql-c51", "softmoe"),
 ]
 
 
-def one_update(networks, agent, states: np.ndarray, num_actions: int) -> list[dict]:
+def one_update(networks, agents, states: np.ndarray, num_actions: int) -> list[dict]:
     """Online and target networks from two reference initialisations, a batch made of the 32 states (next states
     rolled by one, random actions, rewards in {-1, 0, 1}, every fourth transition terminal, IS weights in (0.1, 1]);
-    the reference's train() (the full_rainbow_moe_agent one, with its target_output and project_distribution) against
-    our rainbow_loss followed by torch Adam. Compares the per-sample losses and the parameters after the step. The
-    noise is off on both sides: the two draw it from different generators."""
+    the reference's jitted train() (full_rainbow_moe_agent's, or offline_rainbow_agent's for CQL, each with its
+    target_output and project_distribution) against our rainbow_loss / cql_loss followed by torch Adam. Compares the
+    losses and the parameters after the step, on the Nature CNN (the cheapest). The noise is off on both sides: the
+    two draw it from different generators."""
     import gin
     import jax
     import jax.numpy as jnp
@@ -467,81 +475,82 @@ def one_update(networks, agent, states: np.ndarray, num_actions: int) -> list[di
         "terminals": (np.arange(B) % 4 == 3).astype(np.float32),
         "weights": rng.uniform(0.1, 1.0, size=B).astype(np.float32),
     }
+    x, next_x = (jnp.asarray(batch[k].transpose(0, 2, 3, 1)) for k in ("states", "next_states"))
+    actions, rewards, terminals = (jnp.asarray(batch[k]) for k in ("actions", "rewards", "terminals"))
     rows = []
-    for name, preset, moe in UPDATE_CONFIGS:
-        args = rainbow_softmoe.fill_defaults(
-            rainbow_softmoe.preset_args(
-                preset, encoder="nature", moe=moe, num_experts=4, noisy=False, data_augmentation=False
+    for name, family, agent_name, moe in UPDATE_CONFIGS:
+        common = dict(encoder="nature", moe=moe, num_experts=4)
+        if family == "rainbow":
+            args = rainbow_softmoe.fill_defaults(
+                rainbow_softmoe.preset_args(agent_name, **common, noisy=False, data_augmentation=False)
             )
-        )
-        cfg = dict(name=name, family="rainbow", noisy=False, dueling=True, num_atoms=args.num_atoms,
+        else:
+            args = cql_softmoe.fill_defaults(cql_softmoe.agent_args(agent_name, **common))
+        cfg = dict(name=name, family=family, noisy=False, dueling=args.dueling, num_atoms=args.num_atoms,
                    encoder="nature", moe=moe, num_experts=4, tokenization="perconv")  # fmt: skip
         gin.clear_config()
         net = reference_network(networks, cfg, num_actions)
         support = jnp.linspace(-10.0, 10.0, args.num_atoms)
-        x = jnp.asarray(states.transpose(0, 2, 3, 1))
         online = net.init(jax.random.PRNGKey(0), x[0], support, eval_mode=True, key=jax.random.PRNGKey(0))
         target = net.init(jax.random.PRNGKey(1), x[0], support, eval_mode=True, key=jax.random.PRNGKey(0))
         optimizer = optax.adam(args.learning_rate, eps=args.adam_eps)
-        out = agent.train(
-            net, online, target, optimizer, optimizer.init(online),
-            x, jnp.asarray(batch["actions"]), jnp.asarray(batch["next_states"].transpose(0, 2, 3, 1)),
-            jnp.asarray(batch["rewards"]), jnp.asarray(batch["terminals"]), jnp.asarray(batch["weights"]),
-            support, args.gamma**args.n_step, True, args.num_atoms > 1, False, jax.random.PRNGKey(2), False, False,
-        )  # fmt: skip
+        gamma_n, distributional, key = args.gamma**args.n_step, args.num_atoms > 1, jax.random.PRNGKey(2)
+        if family == "rainbow":
+            out = agents["rainbow"].train(
+                net, online, target, optimizer, optimizer.init(online), x, actions, next_x, rewards, terminals,
+                jnp.asarray(batch["weights"]), support, gamma_n, args.double, distributional, False, key, False, False,
+            )  # fmt: skip
+            new_params, loss_ref = out["online_params"], float(out["mean_td_loss"])
+            parts_ref = {"per_sample_loss": np.asarray(out["td_loss"])}
+        else:
+            _, new_params, loss_ref, (td_ref, penalty_ref), _ = agents["offline"].train(
+                net, online, target, optimizer, optimizer.init(online), x, actions, next_x, rewards, terminals,
+                support, gamma_n, args.double, distributional, key, bc_coefficient=args.cql_coef,
+            )  # fmt: skip
+            loss_ref, parts_ref = float(loss_ref), {"td_loss": float(td_ref), "cql_penalty": float(penalty_ref)}
 
         q_net, target_net = (loaded_network(flatten(p), cfg, num_actions) for p in (online, target))
         before = {k: v.clone() for k, v in q_net.state_dict().items()}
         adam = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_eps)
         tensors = {k: torch.from_numpy(np.asarray(v)) for k, v in batch.items()}
         tensors["actions"] = tensors["actions"].long()
-        loss, metrics = rainbow_softmoe.rainbow_loss(q_net, target_net, tensors, args)
+        loss_fn = rainbow_softmoe.rainbow_loss if family == "rainbow" else cql_softmoe.cql_loss
+        loss, metrics = loss_fn(q_net, target_net, tensors, args)
         adam.zero_grad()
         loss.backward()
         adam.step()
-        after_ref = loaded_network(flatten(out["online_params"]), cfg, num_actions).state_dict()
+        after_ref = loaded_network(flatten(new_params), cfg, num_actions).state_dict()
         step_diff = max(
             float(((v - before[k]) - (after_ref[k] - before[k])).abs().max()) for k, v in q_net.state_dict().items()
         )
         step_size = max(float((after_ref[k] - before[k]).abs().max()) for k in before)
-        row = {
-            "config": name,
-            "loss_ours": float(loss.detach()),
-            "loss_reference": float(out["mean_td_loss"]),
-            "max_abs_per_sample_loss_diff": float(
-                np.abs(metrics["per_sample_loss"].detach().numpy() - np.asarray(out["td_loss"])).max()
-            ),
-            "largest_parameter_change": step_size,
-            "max_abs_parameter_change_diff": step_diff,
-        }
+        row = {"config": name, "loss_ours": float(loss.detach()), "loss_reference": loss_ref}
+        if family == "rainbow":
+            ours = metrics["per_sample_loss"].detach().numpy()
+            row["max_abs_per_sample_loss_diff"] = float(np.abs(ours - parts_ref["per_sample_loss"]).max())
+            detail = f"max|d per-sample loss| {row['max_abs_per_sample_loss_diff']:.2g}"
+        else:
+            for k in ("td_loss", "cql_penalty"):
+                row[f"{k}_ours"], row[f"{k}_reference"] = float(metrics[k]), parts_ref[k]
+            detail = (
+                f"TD {row['td_loss_ours']:.6f} / {row['td_loss_reference']:.6f}, "
+                f"penalty {row['cql_penalty_ours']:.6f} / {row['cql_penalty_reference']:.6f}"
+            )
+        row |= {"largest_parameter_change": step_size, "max_abs_parameter_change_diff": step_diff}
         rows.append(row)
         print(
-            f"{name:<82} loss ours {row['loss_ours']:.6f} reference {row['loss_reference']:.6f}  "
-            f"max|d per-sample loss| {row['max_abs_per_sample_loss_diff']:.2g}  "
+            f"{name:<82} loss ours {row['loss_ours']:.6f} reference {row['loss_reference']:.6f}  {detail}  "
             f"max|d step| {step_diff:.2g} (largest step {step_size:.2g})"
         )
     return rows
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Main
-# ----------------------------------------------------------------------------------------------------------------------
-def main():
+def same_weights(networks, states: np.ndarray, num_actions: int) -> list[dict]:
+    """Part 1: every configuration, the reference's parameters in both networks, Q and logits on the same states."""
     import jax
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dopamine-dir", required=True, help="a checkout of github.com/google/dopamine")
-    parser.add_argument("--init-seeds", type=int, default=8, help="seeds per library for the initialisation part")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "output.json"))
-    args = parser.parse_args()
-    networks, agent = import_reference(args.dopamine_dir)
-    torch.set_num_threads(1)
-    states = np.concatenate([atari_states("Boxing", 16, 0), atari_states("Breakout", 16, 0)])  # (32, 4, 84, 84)
     states_hwc = states.transpose(0, 2, 3, 1)
-    num_actions = 18
-    report = {"states": "16 Boxing + 16 Breakout stacks, random play", "equivalence": [], "initialisation": []}
-
-    print("== 1. Same weights, same states: our network against the reference (noise off)")
+    rows = []
     for cfg in configurations():
         flat, q_ref, logits_ref, q_ref_noisy = reference_apply(
             networks, cfg, num_actions, jax.random.PRNGKey(0), states_hwc
@@ -562,7 +571,7 @@ def main():
         if q_ref_noisy is not None:  # the reference's own eval mode, its experts' noise on
             row["max_abs_q_diff_reference_eval_mode"] = float(np.abs(q.numpy() - q_ref_noisy).max())
             row["same_greedy_action_reference_eval_mode"] = float((q.numpy().argmax(1) == q_ref_noisy.argmax(1)).mean())
-        report["equivalence"].append(row)
+        rows.append(row)
         print(
             f"{cfg['name']:<76} {row['parameters']:>11,} params  max|Q| {row['max_abs_q']:.3g}  "
             f"max|dQ| {row['max_abs_q_diff']:.2g}"
@@ -576,10 +585,18 @@ def main():
                 f"same argmax {row['same_greedy_action_reference_eval_mode']:.0%}"
             )
 
-    print(f"\n== 2. Each library's own initialisation ({args.init_seeds} seeds each), Atari-100k networks")
+    return rows
+
+
+def initialisations(networks, states: np.ndarray, num_actions: int, seeds: int) -> list[dict]:
+    """Part 2: each library's own initialisation of the Atari-100k networks, tensor by tensor, and its routing."""
+    import jax
+
+    states_hwc = states.transpose(0, 2, 3, 1)
+    rows = []
     for cfg in (configurations()[0], configurations()[2]):
         per_tensor, entropy = {}, {"reference": [], "ours": []}
-        for seed in range(args.init_seeds):
+        for seed in range(seeds):
             flat, *_ = reference_apply(networks, cfg, num_actions, jax.random.PRNGKey(seed), states_hwc[:1])
             torch.manual_seed(seed)
             ours = our_network(cfg, num_actions)
@@ -599,26 +616,53 @@ def main():
                 ent = -(d * d.clamp_min(1e-30).log()).sum(1) / math.log(d.shape[1])
                 entropy[who].append(float(ent.mean()))
         print(f"{cfg['name']}")
-        rows = []
+        tensors = []
         for name, s in per_tensor.items():
             o, r = np.mean(s["ours"]), np.mean(s["reference"])
-            rows.append({"tensor": name, "rms_ours": o, "rms_reference": r, "ratio": o / r if r else float("nan")})
-            print(f"  {name:<32} rms ours {o:.4g}  reference {r:.4g}  ratio {rows[-1]['ratio']:.3f}")
+            tensors.append({"tensor": name, "rms_ours": o, "rms_reference": r, "ratio": o / r if r else float("nan")})
+            print(f"  {name:<32} rms ours {o:.4g}  reference {r:.4g}  ratio {tensors[-1]['ratio']:.3f}")
         e_o, e_r = np.array(entropy["ours"]), np.array(entropy["reference"])
         print(
             f"  dispatch entropy / log m at init: ours {e_o.mean():.6f} (min {e_o.min():.6f}), "
             f"reference {e_r.mean():.6f} (min {e_r.min():.6f})"
         )
-        report["initialisation"].append(
+        rows.append(
             {
                 "config": cfg["name"],
-                "tensors": rows,
+                "tensors": tensors,
                 "dispatch_entropy_ours": entropy["ours"],
                 "dispatch_entropy_reference": entropy["reference"],
             }
         )
-    print("\n== 3. One update on the same batch: rainbow_loss + torch Adam against the reference's jitted train()")
-    report["update"] = one_update(networks, agent, states, num_actions)
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------------------------------------
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dopamine-dir", required=True, help="a checkout of github.com/google/dopamine")
+    parser.add_argument("--init-seeds", type=int, default=8, help="seeds per library for the initialisation part")
+    parser.add_argument("--parts", default="123", help="which parts to run, e.g. 3 for the update check alone")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "output.json"))
+    args = parser.parse_args()
+    networks, agents = import_reference(args.dopamine_dir)
+    torch.set_num_threads(1)
+    states = np.concatenate([atari_states("Boxing", 16, 0), atari_states("Breakout", 16, 0)])  # (32, 4, 84, 84)
+    num_actions = 18
+    report = {"states": "16 Boxing + 16 Breakout stacks, random play"}
+    if "1" in args.parts:
+        print("== 1. Same weights, same states: our network against the reference (noise off)")
+        report["equivalence"] = same_weights(networks, states, num_actions)
+    if "2" in args.parts:
+        print(f"\n== 2. Each library's own initialisation ({args.init_seeds} seeds each), Atari-100k networks")
+        report["initialisation"] = initialisations(networks, states, num_actions, args.init_seeds)
+    if "3" in args.parts:
+        print(
+            "\n== 3. One update on the same batch: rainbow_loss / cql_loss + torch Adam against the reference's train()"
+        )
+        report["update"] = one_update(networks, agents, states, num_actions)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     print(f"\nwritten: {args.out}")
