@@ -15,7 +15,8 @@ inside. Three parts (`--parts`):
    constants), and the routing each starts with on those states (dispatch entropy / log m, 1 = every slot the mean
    token).
 3. One update on the same batch: the reference's jitted train() (full_rainbow_moe_agent; offline_rainbow_agent for
-   CQL) against our rainbow_loss / cql_loss and torch Adam, comparing the losses and the parameters after the step.
+   CQL; dqn_moe_agent for DQN) against our rainbow_loss / cql_loss / dqn_loss and torch Adam, comparing the losses
+   and the parameters after the step.
 
 Not compared: the noise draws themselves (a different random generator; the NoisyLinear docstring says how the two
 share noise), random Phi (ditto) and `--impala-kernel 4|6` (the reference's Stack hard-codes 3x3).
@@ -98,12 +99,12 @@ def import_reference(dopamine_dir: str):
     networks = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = networks
     exec(compile(source, spec.origin, "exec"), networks.__dict__)
-    from dopamine.labs.moes.agents import full_rainbow_moe_agent
+    from dopamine.labs.moes.agents import dqn_moe_agent, full_rainbow_moe_agent
     from dopamine.labs.offline_rl.jax import offline_rainbow_agent
 
     for name in stubs:  # the imported modules keep theirs; others (torch's import checks) must not see them
         del sys.modules[name]
-    return networks, {"rainbow": full_rainbow_moe_agent, "offline": offline_rainbow_agent}
+    return networks, {"rainbow": full_rainbow_moe_agent, "offline": offline_rainbow_agent, "dqn": dqn_moe_agent}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -450,7 +451,25 @@ UPDATE_CONFIGS = [
     ("DrQ(eps) without augmentation: scalar Q, Huber loss, Soft MoE 4 experts", "rainbow", "drq-eps", "softmoe"),
     ("CQL: Huber TD + 0.1 CQL penalty, 1-step target, Soft MoE 4 experts", "cql", "cql", "softmoe"),
     ("CQL+C51: C51 TD + 0.1 penalty on expected Q, 3-step double-DQN, Soft MoE 4", "cql", "cql-c51", "softmoe"),
+    ("DQN (dqn.gin): squared TD error, 1-step target, Soft MoE 4 experts", "dqn", "dqn", "softmoe"),
+    ("DQN: Top1-MoE 4 experts", "dqn", "dqn", "top1"),
+    ("DQN: no MoE", "dqn", "dqn", "none"),
 ]
+
+
+def update_batch(states: np.ndarray, num_actions: int) -> dict[str, np.ndarray]:
+    """The states, next states rolled by one, random actions, rewards in {-1, 0, 1}, every fourth transition
+    terminal, IS weights in (0.1, 1]."""
+    rng = np.random.default_rng(0)
+    B = len(states)
+    return {
+        "states": states,
+        "next_states": np.roll(states, 1, axis=0),
+        "actions": rng.integers(num_actions, size=B),
+        "rewards": rng.integers(-1, 2, size=B).astype(np.float32),
+        "terminals": (np.arange(B) % 4 == 3).astype(np.float32),
+        "weights": rng.uniform(0.1, 1.0, size=B).astype(np.float32),
+    }
 
 
 def one_update(networks, agents, states: np.ndarray, num_actions: int) -> list[dict]:
@@ -465,16 +484,7 @@ def one_update(networks, agents, states: np.ndarray, num_actions: int) -> list[d
     import jax.numpy as jnp
     import optax
 
-    rng = np.random.default_rng(0)
-    B = len(states)
-    batch = {
-        "states": states,
-        "next_states": np.roll(states, 1, axis=0),
-        "actions": rng.integers(num_actions, size=B),
-        "rewards": rng.integers(-1, 2, size=B).astype(np.float32),
-        "terminals": (np.arange(B) % 4 == 3).astype(np.float32),
-        "weights": rng.uniform(0.1, 1.0, size=B).astype(np.float32),
-    }
+    batch = update_batch(states, num_actions)
     x, next_x = (jnp.asarray(batch[k].transpose(0, 2, 3, 1)) for k in ("states", "next_states"))
     actions, rewards, terminals = (jnp.asarray(batch[k]) for k in ("actions", "rewards", "terminals"))
     rows = []
@@ -484,18 +494,29 @@ def one_update(networks, agents, states: np.ndarray, num_actions: int) -> list[d
             args = rainbow_softmoe.fill_defaults(
                 rainbow_softmoe.preset_args(agent_name, **common, noisy=False, data_augmentation=False)
             )
-        else:
+        elif family == "cql":
             args = cql_softmoe.fill_defaults(cql_softmoe.agent_args(agent_name, **common))
-        cfg = dict(name=name, family=family, noisy=False, dueling=args.dueling, num_atoms=args.num_atoms,
+        else:
+            args = dqn_softmoe.fill_defaults(dqn_softmoe.Args(**common))
+        dueling, num_atoms = getattr(args, "dueling", False), getattr(args, "num_atoms", 1)
+        cfg = dict(name=name, family=family, noisy=False, dueling=dueling, num_atoms=num_atoms,
                    encoder="nature", moe=moe, num_experts=4, tokenization="perconv")  # fmt: skip
         gin.clear_config()
         net = reference_network(networks, cfg, num_actions)
-        support = jnp.linspace(-10.0, 10.0, args.num_atoms)
-        online = net.init(jax.random.PRNGKey(0), x[0], support, eval_mode=True, key=jax.random.PRNGKey(0))
-        target = net.init(jax.random.PRNGKey(1), x[0], support, eval_mode=True, key=jax.random.PRNGKey(0))
+        support = jnp.linspace(-10.0, 10.0, num_atoms)
+        init = (support,) if family != "dqn" else ()
+        kwargs = dict(eval_mode=True) if family != "dqn" else {}
+        online = net.init(jax.random.PRNGKey(0), x[0], *init, **kwargs, key=jax.random.PRNGKey(0))
+        target = net.init(jax.random.PRNGKey(1), x[0], *init, **kwargs, key=jax.random.PRNGKey(0))
         optimizer = optax.adam(args.learning_rate, eps=args.adam_eps)
-        gamma_n, distributional, key = args.gamma**args.n_step, args.num_atoms > 1, jax.random.PRNGKey(2)
-        if family == "rainbow":
+        gamma_n, distributional, key = args.gamma**args.n_step, num_atoms > 1, jax.random.PRNGKey(2)
+        if family == "dqn":
+            out = agents["dqn"].train(
+                net, online, target, optimizer, optimizer.init(online), x, actions, next_x, rewards, terminals,
+                gamma_n, key, False, False, loss_type="mse",
+            )  # fmt: skip
+            new_params, loss_ref, parts_ref = out["online_params"], float(out["td_loss"]), {}
+        elif family == "rainbow":
             out = agents["rainbow"].train(
                 net, online, target, optimizer, optimizer.init(online), x, actions, next_x, rewards, terminals,
                 jnp.asarray(batch["weights"]), support, gamma_n, args.double, distributional, False, key, False, False,
@@ -514,33 +535,38 @@ def one_update(networks, agents, states: np.ndarray, num_actions: int) -> list[d
         adam = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_eps)
         tensors = {k: torch.from_numpy(np.asarray(v)) for k, v in batch.items()}
         tensors["actions"] = tensors["actions"].long()
-        loss_fn = rainbow_softmoe.rainbow_loss if family == "rainbow" else cql_softmoe.cql_loss
+        losses = {"rainbow": rainbow_softmoe.rainbow_loss, "cql": cql_softmoe.cql_loss, "dqn": dqn_softmoe.dqn_loss}
+        loss_fn = losses[family]
         loss, metrics = loss_fn(q_net, target_net, tensors, args)
         adam.zero_grad()
         loss.backward()
         adam.step()
         after_ref = loaded_network(flatten(new_params), cfg, num_actions).state_dict()
-        step_diff = max(
-            float(((v - before[k]) - (after_ref[k] - before[k])).abs().max()) for k, v in q_net.state_dict().items()
-        )
+        diffs = {
+            k: float(((v - before[k]) - (after_ref[k] - before[k])).abs().max()) for k, v in q_net.state_dict().items()
+        }
+        worst = max(diffs, key=diffs.get)
+        step_diff = diffs[worst]
         step_size = max(float((after_ref[k] - before[k]).abs().max()) for k in before)
         row = {"config": name, "loss_ours": float(loss.detach()), "loss_reference": loss_ref}
         if family == "rainbow":
             ours = metrics["per_sample_loss"].detach().numpy()
             row["max_abs_per_sample_loss_diff"] = float(np.abs(ours - parts_ref["per_sample_loss"]).max())
             detail = f"max|d per-sample loss| {row['max_abs_per_sample_loss_diff']:.2g}"
-        else:
+        elif family == "cql":
             for k in ("td_loss", "cql_penalty"):
                 row[f"{k}_ours"], row[f"{k}_reference"] = float(metrics[k]), parts_ref[k]
             detail = (
                 f"TD {row['td_loss_ours']:.6f} / {row['td_loss_reference']:.6f}, "
                 f"penalty {row['cql_penalty_ours']:.6f} / {row['cql_penalty_reference']:.6f}"
             )
-        row |= {"largest_parameter_change": step_size, "max_abs_parameter_change_diff": step_diff}
+        else:
+            detail = "(mean squared TD error)"
+        row |= {"largest_parameter_change": step_size, "max_abs_parameter_change_diff": step_diff, "in": worst}
         rows.append(row)
         print(
             f"{name:<82} loss ours {row['loss_ours']:.6f} reference {row['loss_reference']:.6f}  {detail}  "
-            f"max|d step| {step_diff:.2g} (largest step {step_size:.2g})"
+            f"max|d step| {step_diff:.2g} in {worst} (largest step {step_size:.2g})"
         )
     return rows
 
@@ -660,7 +686,8 @@ def main():
         report["initialisation"] = initialisations(networks, states, num_actions, args.init_seeds)
     if "3" in args.parts:
         print(
-            "\n== 3. One update on the same batch: rainbow_loss / cql_loss + torch Adam against the reference's train()"
+            "\n== 3. One update on the same batch: rainbow_loss / cql_loss / dqn_loss + torch Adam against the "
+            "reference's train()"
         )
         report["update"] = one_update(networks, agents, states, num_actions)
     with open(args.out, "w") as f:
