@@ -184,7 +184,7 @@ def to_ours(params: dict, cfg: dict, features_shape: tuple[int, int, int]) -> di
         for k, v in linear(layer, params, noisy, rows=perm).items():
             sd[f"dense.{k}"] = v
     else:
-        token_perm = perm if cfg["tokenization"] == "persamp" else slice(None)
+        token_perm = perm if cfg.get("tokenization", "perconv") == "persamp" else slice(None)
         if cfg["moe"] == "softmoe":
             sd["moe.phi"] = t(params["SoftMoE_0/phi_weights"])[token_perm]
             sd["moe.scalar"] = t(params["SoftMoE_0/scalar"])
@@ -198,7 +198,7 @@ def to_ours(params: dict, cfg: dict, features_shape: tuple[int, int, int]) -> di
             sd["moe.experts.b1_sigma"] = t(params["ExpertModel_0/net/bias_sigma"])
         sd["moe.experts.w2"] = t(params["ExpertModel_0/Dense_0/kernel"])[:, :, token_perm]
         sd["moe.experts.b2"] = t(params["ExpertModel_0/Dense_0/bias"])[:, token_perm]
-        if cfg["tokenization"] == "persamp":
+        if cfg.get("tokenization", "perconv") == "persamp":
             head_rows = perm
     # heads
     if not rainbow:
@@ -217,133 +217,36 @@ def to_ours(params: dict, cfg: dict, features_shape: tuple[int, int, int]) -> di
 # ----------------------------------------------------------------------------------------------------------------------
 def configurations() -> list[dict]:
     rainbow = dict(family="rainbow", noisy=True, dueling=True, num_atoms=51)
+    nature4, impala8 = dict(encoder="nature", num_experts=4), dict(encoder="impala", num_experts=8)
+    # fmt: off
     return [
-        dict(
-            name="DER.gin: Rainbow, Nature CNN, Soft MoE 4 experts",
-            **rainbow,
-            encoder="nature",
-            moe="softmoe",
-            num_experts=4,
-            tokenization="perconv",
-        ),
-        dict(name="DER baseline: Rainbow, Nature CNN, no MoE", **rainbow, encoder="nature", moe="none"),
-        dict(
-            name="Fig. 12 / full_rainbow.gin: Rainbow, Impala, Soft MoE 8 experts",
-            **rainbow,
-            encoder="impala",
-            moe="softmoe",
-            num_experts=8,
-            tokenization="perconv",
-        ),
-        dict(name="Rainbow, Impala, no MoE", **rainbow, encoder="impala", moe="none"),
-        dict(
-            name="Rainbow, Impala, widened baseline x8 (scale_hidden_layer)",
-            **rainbow,
-            encoder="impala",
-            moe="none",
-            num_experts=8,
-            width_multiplier=8,
-        ),
-        dict(
-            name="Rainbow, Impala, Top1-MoE 8 experts",
-            **rainbow,
-            encoder="impala",
-            moe="top1",
-            num_experts=8,
-            tokenization="perconv",
-        ),
-        dict(
-            name="Rainbow, Impala, Soft MoE, PerFeat tokens",
-            **rainbow,
-            encoder="impala",
-            moe="softmoe",
-            num_experts=8,
-            tokenization="perfeat",
-        ),
-        dict(
-            name="Rainbow, Nature CNN, Soft MoE, PerSamp token",
-            **rainbow,
-            encoder="nature",
-            moe="softmoe",
-            num_experts=4,
-            tokenization="persamp",
-        ),
-        dict(
-            name="Rainbow, Impala, Soft MoE, normalised (--moe-normalize)",
-            **rainbow,
-            encoder="impala",
-            moe="softmoe",
-            num_experts=8,
-            tokenization="perconv",
-            normalize=True,
-        ),
-        dict(
-            name="DrQ(eps): scalar Q, dueling, no noise, Nature CNN, Soft MoE 4 experts",
-            family="rainbow",
-            noisy=False,
-            dueling=True,
-            num_atoms=1,
-            encoder="nature",
-            moe="softmoe",
-            num_experts=4,
-            tokenization="perconv",
-        ),
-        dict(
-            name="CQL: scalar Q, no dueling, Impala, Soft MoE 8 experts",
-            family="cql",
-            noisy=False,
-            dueling=False,
-            num_atoms=1,
-            encoder="impala",
-            moe="softmoe",
-            num_experts=8,
-            tokenization="perconv",
-        ),
-        dict(
-            name="CQL+C51: dueling, 51 atoms, Impala, Soft MoE 8 experts",
-            family="cql",
-            noisy=False,
-            dueling=True,
-            num_atoms=51,
-            encoder="impala",
-            moe="softmoe",
-            num_experts=8,
-            tokenization="perconv",
-        ),
-        dict(
-            name="DQN (dqn_impala.gin): Impala, Soft MoE 8 experts",
-            family="dqn",
-            encoder="impala",
-            moe="softmoe",
-            num_experts=8,
-            tokenization="perconv",
-        ),
-        dict(name="DQN: Impala, no MoE", family="dqn", encoder="impala", moe="none"),
-        dict(
-            name="DQN: Nature CNN, Soft MoE 8 experts",
-            family="dqn",
-            encoder="nature",
-            moe="softmoe",
-            num_experts=8,
-            tokenization="perconv",
-        ),
-        dict(
-            name="DQN: Nature CNN, Top1-MoE 8 experts",
-            family="dqn",
-            encoder="nature",
-            moe="top1",
-            num_experts=8,
-            tokenization="perconv",
-        ),
-        dict(
-            name="DQN: Nature CNN, widened baseline x4",
-            family="dqn",
-            encoder="nature",
-            moe="none",
-            num_experts=4,
-            width_multiplier=4,
-        ),
+        dict(name="DER.gin: Rainbow, Nature CNN, Soft MoE 4 experts", **rainbow, **nature4, moe="softmoe"),
+        dict(name="DER baseline: Rainbow, Nature CNN, no MoE", **rainbow, **nature4, moe="none"),
+        dict(name="Fig. 12 / full_rainbow.gin: Rainbow, Impala, Soft MoE 8 experts", **rainbow, **impala8,
+             moe="softmoe"),
+        dict(name="Rainbow, Impala, no MoE", **rainbow, **impala8, moe="none"),
+        dict(name="Rainbow, Impala, widened baseline x8 (scale_hidden_layer)", **rainbow, **impala8, moe="none",
+             width_multiplier=8),
+        dict(name="Rainbow, Impala, Top1-MoE 8 experts", **rainbow, **impala8, moe="top1"),
+        dict(name="Rainbow, Impala, Soft MoE, PerFeat tokens", **rainbow, **impala8, moe="softmoe",
+             tokenization="perfeat"),
+        dict(name="Rainbow, Nature CNN, Soft MoE, PerSamp token", **rainbow, **nature4, moe="softmoe",
+             tokenization="persamp"),
+        dict(name="Rainbow, Impala, Soft MoE, normalised (--moe-normalize)", **rainbow, **impala8, moe="softmoe",
+             normalize=True),
+        dict(name="DrQ(eps): scalar Q, dueling, no noise, Nature CNN, Soft MoE 4 experts", family="rainbow",
+             noisy=False, dueling=True, num_atoms=1, **nature4, moe="softmoe"),
+        dict(name="CQL: scalar Q, no dueling, Impala, Soft MoE 8 experts", family="cql", noisy=False, dueling=False,
+             num_atoms=1, **impala8, moe="softmoe"),
+        dict(name="CQL+C51: dueling, 51 atoms, Impala, Soft MoE 8 experts", family="cql", noisy=False, dueling=True,
+             num_atoms=51, **impala8, moe="softmoe"),
+        dict(name="DQN (dqn_impala.gin): Impala, Soft MoE 8 experts", family="dqn", **impala8, moe="softmoe"),
+        dict(name="DQN: Impala, no MoE", family="dqn", **impala8, moe="none"),
+        dict(name="DQN: Nature CNN, Soft MoE 8 experts", family="dqn", encoder="nature", num_experts=8, moe="softmoe"),
+        dict(name="DQN: Nature CNN, Top1-MoE 8 experts", family="dqn", encoder="nature", num_experts=8, moe="top1"),
+        dict(name="DQN: Nature CNN, widened baseline x4", family="dqn", **nature4, moe="none", width_multiplier=4),
     ]
+    # fmt: on
 
 
 REF_ROUTING = {"perconv": "PER_PIXEL", "perfeat": "PER_FEATUREMAP", "persamp": "PER_SAMPLE"}
