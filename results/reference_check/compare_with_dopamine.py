@@ -375,64 +375,75 @@ def update_batch(states: np.ndarray, num_actions: int) -> dict[str, np.ndarray]:
     }
 
 
-def one_update(networks, agents, states: np.ndarray, num_actions: int) -> list[dict]:
-    """Online and target networks from two reference initialisations, a batch made of the 32 states (next states
-    rolled by one, random actions, rewards in {-1, 0, 1}, every fourth transition terminal, IS weights in (0.1, 1]);
-    the reference's jitted train() (full_rainbow_moe_agent's, or offline_rainbow_agent's for CQL, each with its
-    target_output and project_distribution) against our rainbow_loss / cql_loss followed by torch Adam. Compares the
-    losses and the parameters after the step, on the Nature CNN (the cheapest). The noise is off on both sides: the
-    two draw it from different generators."""
+def update_setup(name: str, family: str, agent_name: str, moe: str) -> tuple:
+    """Our Args for one UPDATE_CONFIGS row (Nature CNN, 4 experts, noise and augmentation off) and its configuration."""
+    common = dict(encoder="nature", moe=moe, num_experts=4)
+    if family == "rainbow":
+        args = rainbow_softmoe.fill_defaults(
+            rainbow_softmoe.preset_args(agent_name, **common, noisy=False, data_augmentation=False)
+        )
+    elif family == "cql":
+        args = cql_softmoe.fill_defaults(cql_softmoe.agent_args(agent_name, **common))
+    else:
+        args = dqn_softmoe.fill_defaults(dqn_softmoe.Args(**common))
+    dueling, num_atoms = getattr(args, "dueling", False), getattr(args, "num_atoms", 1)
+    cfg = dict(name=name, family=family, noisy=False, dueling=dueling, num_atoms=num_atoms,
+               encoder="nature", moe=moe, num_experts=4, tokenization="perconv")  # fmt: skip
+    return args, cfg
+
+
+def reference_update(networks, agents, cfg: dict, args, batch: dict, num_actions: int) -> tuple:
+    """Online and target networks from two reference initialisations (keys 0 and 1) and one step of the reference's
+    jitted train() on the batch. Returns online, target and updated parameters, the loss and its parts."""
     import gin
     import jax
     import jax.numpy as jnp
     import optax
 
-    batch = update_batch(states, num_actions)
     x, next_x = (jnp.asarray(batch[k].transpose(0, 2, 3, 1)) for k in ("states", "next_states"))
     actions, rewards, terminals = (jnp.asarray(batch[k]) for k in ("actions", "rewards", "terminals"))
+    family, num_atoms = cfg["family"], cfg["num_atoms"]
+    gin.clear_config()
+    net = reference_network(networks, cfg, num_actions)
+    support = jnp.linspace(-10.0, 10.0, num_atoms)
+    init = (support,) if family != "dqn" else ()
+    kwargs = dict(eval_mode=True) if family != "dqn" else {}
+    online = net.init(jax.random.PRNGKey(0), x[0], *init, **kwargs, key=jax.random.PRNGKey(0))
+    target = net.init(jax.random.PRNGKey(1), x[0], *init, **kwargs, key=jax.random.PRNGKey(0))
+    optimizer = optax.adam(args.learning_rate, eps=args.adam_eps)
+    gamma_n, distributional, key = args.gamma**args.n_step, num_atoms > 1, jax.random.PRNGKey(2)
+    if family == "dqn":
+        out = agents["dqn"].train(
+            net, online, target, optimizer, optimizer.init(online), x, actions, next_x, rewards, terminals,
+            gamma_n, key, False, False, loss_type="mse",
+        )  # fmt: skip
+        return online, target, out["online_params"], float(out["td_loss"]), {}
+    if family == "rainbow":
+        out = agents["rainbow"].train(
+            net, online, target, optimizer, optimizer.init(online), x, actions, next_x, rewards, terminals,
+            jnp.asarray(batch["weights"]), support, gamma_n, args.double, distributional, False, key, False, False,
+        )  # fmt: skip
+        parts = {"per_sample_loss": np.asarray(out["td_loss"])}
+        return online, target, out["online_params"], float(out["mean_td_loss"]), parts
+    _, new_params, loss, (td, penalty), _ = agents["offline"].train(
+        net, online, target, optimizer, optimizer.init(online), x, actions, next_x, rewards, terminals,
+        support, gamma_n, args.double, distributional, key, bc_coefficient=args.cql_coef,
+    )  # fmt: skip
+    return online, target, new_params, float(loss), {"td_loss": float(td), "cql_penalty": float(penalty)}
+
+
+def one_update(networks, agents, states: np.ndarray, num_actions: int) -> list[dict]:
+    """The reference's jitted train() (full_rainbow_moe_agent's; offline_rainbow_agent's for CQL; dqn_moe_agent's for
+    DQN; each with its own target computation) against our rainbow_loss / cql_loss / dqn_loss followed by torch Adam,
+    on update_batch and the Nature CNN (the cheapest). Compares the losses and the parameters after the step. The
+    noise is off on both sides: the two draw it from different generators."""
+    batch = update_batch(states, num_actions)
     rows = []
     for name, family, agent_name, moe in UPDATE_CONFIGS:
-        common = dict(encoder="nature", moe=moe, num_experts=4)
-        if family == "rainbow":
-            args = rainbow_softmoe.fill_defaults(
-                rainbow_softmoe.preset_args(agent_name, **common, noisy=False, data_augmentation=False)
-            )
-        elif family == "cql":
-            args = cql_softmoe.fill_defaults(cql_softmoe.agent_args(agent_name, **common))
-        else:
-            args = dqn_softmoe.fill_defaults(dqn_softmoe.Args(**common))
-        dueling, num_atoms = getattr(args, "dueling", False), getattr(args, "num_atoms", 1)
-        cfg = dict(name=name, family=family, noisy=False, dueling=dueling, num_atoms=num_atoms,
-                   encoder="nature", moe=moe, num_experts=4, tokenization="perconv")  # fmt: skip
-        gin.clear_config()
-        net = reference_network(networks, cfg, num_actions)
-        support = jnp.linspace(-10.0, 10.0, num_atoms)
-        init = (support,) if family != "dqn" else ()
-        kwargs = dict(eval_mode=True) if family != "dqn" else {}
-        online = net.init(jax.random.PRNGKey(0), x[0], *init, **kwargs, key=jax.random.PRNGKey(0))
-        target = net.init(jax.random.PRNGKey(1), x[0], *init, **kwargs, key=jax.random.PRNGKey(0))
-        optimizer = optax.adam(args.learning_rate, eps=args.adam_eps)
-        gamma_n, distributional, key = args.gamma**args.n_step, num_atoms > 1, jax.random.PRNGKey(2)
-        if family == "dqn":
-            out = agents["dqn"].train(
-                net, online, target, optimizer, optimizer.init(online), x, actions, next_x, rewards, terminals,
-                gamma_n, key, False, False, loss_type="mse",
-            )  # fmt: skip
-            new_params, loss_ref, parts_ref = out["online_params"], float(out["td_loss"]), {}
-        elif family == "rainbow":
-            out = agents["rainbow"].train(
-                net, online, target, optimizer, optimizer.init(online), x, actions, next_x, rewards, terminals,
-                jnp.asarray(batch["weights"]), support, gamma_n, args.double, distributional, False, key, False, False,
-            )  # fmt: skip
-            new_params, loss_ref = out["online_params"], float(out["mean_td_loss"])
-            parts_ref = {"per_sample_loss": np.asarray(out["td_loss"])}
-        else:
-            _, new_params, loss_ref, (td_ref, penalty_ref), _ = agents["offline"].train(
-                net, online, target, optimizer, optimizer.init(online), x, actions, next_x, rewards, terminals,
-                support, gamma_n, args.double, distributional, key, bc_coefficient=args.cql_coef,
-            )  # fmt: skip
-            loss_ref, parts_ref = float(loss_ref), {"td_loss": float(td_ref), "cql_penalty": float(penalty_ref)}
-
+        args, cfg = update_setup(name, family, agent_name, moe)
+        online, target, new_params, loss_ref, parts_ref = reference_update(
+            networks, agents, cfg, args, batch, num_actions
+        )
         q_net, target_net = (loaded_network(flatten(p), cfg, num_actions) for p in (online, target))
         before = {k: v.clone() for k, v in q_net.state_dict().items()}
         adam = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_eps)

@@ -27,30 +27,15 @@ def main():
     parser.add_argument("--dopamine-dir", required=True, help="a checkout of github.com/google/dopamine")
     cli = parser.parse_args()
     networks, agents = check.import_reference(cli.dopamine_dir)
-    import jax
-    import jax.numpy as jnp
-    import optax
-
     torch.set_num_threads(1)
     A = 18
     states = np.concatenate([check.atari_states("Boxing", 16, 0), check.atari_states("Breakout", 16, 0)])
     batch = check.update_batch(states, A)
-    args = check.dqn_softmoe.fill_defaults(check.dqn_softmoe.Args(encoder="nature", moe="softmoe", num_experts=4))
-    cfg = dict(name="DQN, Nature CNN, Soft MoE 4 experts", family="dqn", noisy=False, dueling=False, num_atoms=1,
-               encoder="nature", moe="softmoe", num_experts=4, tokenization="perconv")  # fmt: skip
-    net = check.reference_network(networks, cfg, A)
-    x, next_x = (jnp.asarray(batch[k].transpose(0, 2, 3, 1)) for k in ("states", "next_states"))
-    online = net.init(jax.random.PRNGKey(0), x[0], key=jax.random.PRNGKey(0))
-    target = net.init(jax.random.PRNGKey(1), x[0], key=jax.random.PRNGKey(0))
+    args, cfg = check.update_setup("DQN, Nature CNN, Soft MoE 4 experts", "dqn", "dqn", "softmoe")
+    online, target, new_params, _, _ = check.reference_update(networks, agents, cfg, args, batch, A)
     lr, eps = args.learning_rate, args.adam_eps
-    optimizer = optax.adam(lr, eps=eps)
-    actions, rewards, terminals = (jnp.asarray(batch[k]) for k in ("actions", "rewards", "terminals"))
-    out = agents["dqn"].train(
-        net, online, target, optimizer, optimizer.init(online), x, actions, next_x, rewards, terminals,
-        args.gamma, jax.random.PRNGKey(2), False, False, loss_type="mse",
-    )  # fmt: skip
     before = check.loaded_network(check.flatten(online), cfg, A).state_dict()
-    after = check.loaded_network(check.flatten(out["online_params"]), cfg, A).state_dict()
+    after = check.loaded_network(check.flatten(new_params), cfg, A).state_dict()
     tensors = {k: torch.from_numpy(np.asarray(v)) for k, v in batch.items()}
     tensors["actions"] = tensors["actions"].long()
 
