@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Segment 4: the segment-3 checkpoint (7,351-8,210 episodes per run) continued towards 10,000 episodes per run, the budget
+# Segment 4: the segment-3 checkpoint (7,351-9,751 episodes per run) continued towards 10,000 episodes per run, the budget
 # issue 11 asks for (the traces restart at resume, as on any resume). --compile (the same maths, one graph). SIGTERM after 1 h 57 min writes everything reached.
 cd "$(dirname "$0")"
 OMP_NUM_THREADS=1 exec timeout -s TERM 7000 ../../.venv/bin/python ../../algos/td_lambda_tetris.py --network shallow \
