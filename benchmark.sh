@@ -155,14 +155,16 @@ case "$suite" in
   value-speed)
     speed=(--env-id ALE/Breakout-v5 --total-timesteps 8000 --learning-starts 1000 --buffer-size 10000 --analysis-every 0)
     for network in "--moe none" "--moe softmoe"; do
+      # the speed table's DQN baseline copies its target every 1,000 steps, as CleanRL's dqn_atari.py does
+      target=(); [ "$network" = "--moe none" ] && target=(--target-network-frequency 1000)
       # shellcheck disable=SC2086  # $network is two flags
-      run "$PY" algos/dqn_softmoe.py "${speed[@]}" --encoder nature $network --exp-name speed "${extra[@]}"
+      run "$PY" algos/dqn_softmoe.py "${speed[@]}" --encoder nature $network "${target[@]}" --exp-name speed "${extra[@]}"
       # shellcheck disable=SC2086
       run "$PY" algos/rainbow_softmoe.py "${speed[@]}" --encoder nature $network --exp-name speed "${extra[@]}"
     done
     ;;
   *)
-    sed -n '2,31p' "$0"
+    sed -n '2,31p;39,45p' "$0"
     [ -z "$suite" ] && exit 0
     echo "benchmark.sh: unknown suite '$suite'" >&2
     exit 2

@@ -44,7 +44,8 @@ BUDGET_FLAGS = {
                "paper": ["--total-timesteps", "10000000"]},
     "online-200m": {"smoke": SMOKE_ONLINE, "reduced": ["--total-timesteps", "2000000"],
                     "paper": ["--total-timesteps", "50000000"]},
-    # Atari 100k: the presets already hold the paper's 100k budget; reduced = the README's CPU network (Nature CNN)
+    # Atari 100k: the presets already hold the paper's 100k budget; reduced = the README's CPU network, the shipped
+    # DER.gin's Nature CNN (its Soft MoE with 4 experts: expand adds --num-experts 4 to the MoE variants)
     "atari100k": {"smoke": SMOKE_100K, "reduced": ["--encoder", "nature"], "paper": []},
     # offline: reduced = results/cql_cpu/queue.sh (5 x 1,000 gradient steps, all of a small dataset, Nature CNN)
     "offline": {
@@ -186,7 +187,10 @@ def expand(suite, budget, seeds=None, games=None, python=None, dataset="results/
                 argv += flags + ["--env-id", f"ALE/{game}-v5", "--seed", str(seed), "--exp-name", exp]
                 if kind == "offline":
                     argv += ["--dataset-dir", dataset.replace("{game}", game)]
-                argv += BUDGET_FLAGS[kind][budget] + list(extra)
+                argv += BUDGET_FLAGS[kind][budget]
+                if kind == "atari100k" and budget == "reduced" and "none" not in flags:
+                    argv += ["--num-experts", "4"]  # DER.gin's network, as results/atari100k_cpu/queue.sh runs it
+                argv += list(extra)
                 log = os.path.join("runs", "logs", suite, f"{game}.{variant}.s{seed}.log")
                 tasks.append(Task(suite, game, variant, seed, argv, log))
     return tasks
@@ -264,7 +268,12 @@ def main(argv=None):
     p.add_argument("--time", default="")
     p.add_argument("--gpus-per-task", type=int, default=0)
     p.add_argument("--cpus-per-task", type=int, default=1)
-    p.add_argument("extra", nargs="*", help="after --: extra flags for every task")
+    # everything after "--" goes to every task; split it off before argparse, which would otherwise refuse options
+    # given between the suite name and "--" (a trailing nargs="*" positional is filled, empty, with the suite)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p.epilog = "-- FLAGS...: extra flags for every task, after all of the options above"
     args = p.parse_args(argv)
     try:
         seeds = [int(s) for s in args.seeds.split()]
@@ -275,7 +284,7 @@ def main(argv=None):
     python = os.environ.get("PYTHON") or (
         ".venv/bin/python" if os.path.exists(os.path.join(ROOT, ".venv/bin/python")) else sys.executable
     )
-    tasks = expand(args.suite, args.budget, seeds, args.games.split(), python, args.dataset, args.extra)
+    tasks = expand(args.suite, args.budget, seeds, args.games.split(), python, args.dataset, extra)
     if args.slurm and not args.dry_run and shutil.which("sbatch") is None:
         raise SystemExit("error: --slurm needs sbatch on PATH (no SLURM client found); use --jobs N to run here")
     os.chdir(ROOT)

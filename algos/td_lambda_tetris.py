@@ -217,7 +217,10 @@ def validate(args: Args) -> str | None:
     if len(args.activation) > 1 and args.network != "shallow":
         return "several --activation values need --network shallow (the deep variants run one per process)"
     if len(args.activation) > 1 and args.eval_episodes > 0:
-        return "several --activation values train only: evaluate one activation at a time (--eval-run on its runs)"
+        return (
+            "several --activation values train only: evaluate one activation at a time (--activation A with the "
+            "batched checkpoint evaluates that activation's runs)"
+        )
     for name in ("alpha", "gamma", "lam", "tau0", "tau_k", "holes_scale"):
         if not math.isfinite(getattr(args, name)):
             return f"--{name.replace('_', '-')} must be a finite number, got {getattr(args, name)}"
@@ -849,6 +852,19 @@ def load_checkpoint(path: str, args: Args) -> dict:
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"--resume {path!r} is not a td_lambda_tetris checkpoint")
     want, have = architecture(args), ckpt["architecture"]
+    trained = have["activation"].split("+")
+    if (
+        want != have
+        and args.total_episodes == 0
+        and len(args.activation) == 1
+        and args.activation[0] in trained
+        and {**have, "activation": want["activation"]} == want
+    ):  # evaluate one activation of a batched checkpoint (Table 1's process): keep only its runs
+        n, k = ckpt["num_runs"], trained.index(args.activation[0])
+        rows = slice(k * n, (k + 1) * n)
+        ckpt["params"] = {name: v[rows] for name, v in ckpt["params"].items()}
+        ckpt["episodes"], ckpt["scores"], ckpt["lengths"] = (ckpt[x][rows] for x in ("episodes", "scores", "lengths"))
+        have = ckpt["architecture"] = want
     if want != have:
         diff = ", ".join(
             f"{k}: checkpoint {have.get(k)} vs requested {want.get(k)}" for k in want if want[k] != have.get(k)

@@ -103,6 +103,24 @@ def test_several_activations_train_in_one_process_with_outputs_per_activation(tm
     assert ckpt["params"]["w2"].shape == (4, 50)
 
 
+def test_one_activation_of_a_batched_checkpoint_is_evaluated_on_its_own_runs(tmp_path, monkeypatch):
+    """Table 1's process saves 4 activations x 10 runs in one checkpoint; `--activation relu --total-episodes 0`
+    evaluates rows 10-19 of it (here: 2 activations x 2 runs, relu = rows 2-3). Training on from it stays refused."""
+    monkeypatch.chdir(tmp_path)
+    trained = run(total_episodes=8, num_runs=2, activation=("dsilu", "relu"), save_model=True, final_window=4)
+    path = trained["checkpoint"]
+    full = torch.load(path, weights_only=True)
+    one = dict(activation=("relu",), num_runs=2, total_episodes=0, eval_episodes=1)
+    loaded = td.load_checkpoint(path, td.fill_defaults(td.Args(**one)))
+    assert torch.equal(loaded["params"]["W1"], full["params"]["W1"][2:4])
+    assert torch.equal(loaded["scores"], full["scores"][2:4]) and loaded["architecture"]["activation"] == "relu"
+    evaluated = run(resume=path, eval_selections=("epsilon:0",), value_analysis_episodes=0, final_window=4, **one)
+    assert evaluated["final_score_per_run"] == trained["per_activation"]["relu"]["final_score_per_run"]
+    assert evaluated["eval"]["epsilon:0"]["episodes"] == 2  # one episode for each of the two relu runs
+    with pytest.raises(ValueError, match="holds another architecture"):
+        td.load_checkpoint(path, td.fill_defaults(td.Args(activation=("relu",), num_runs=2, total_episodes=20)))
+
+
 def test_eval_run_best_evaluates_the_run_with_the_highest_final_mean(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     trained = run(total_episodes=15, num_runs=3, save_model=True, final_window=5)
