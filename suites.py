@@ -253,7 +253,11 @@ def sbatch_script(tasks, suite, args) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], prog="benchmark.sh SUITE")
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        prog="benchmark.sh SUITE",
+        epilog="-- FLAGS...: extra flags for every task, after all of the options above",
+    )
     p.add_argument("suite")
     p.add_argument("--budget", default="reduced")
     p.add_argument("--seeds", default="", help='e.g. "1 2 3"; default: 1 (smoke), 1 2 (reduced), 1-5 (paper)')
@@ -271,9 +275,8 @@ def main(argv=None):
     # everything after "--" goes to every task; split it off before argparse, which would otherwise refuse options
     # given between the suite name and "--" (a trailing nargs="*" positional is filled, empty, with the suite)
     argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    argv = argv[: argv.index("--")] if "--" in argv else argv
-    p.epilog = "-- FLAGS...: extra flags for every task, after all of the options above"
+    split = argv.index("--") if "--" in argv else len(argv)
+    argv, extra = argv[:split], argv[split + 1 :]
     args = p.parse_args(argv)
     try:
         seeds = [int(s) for s in args.seeds.split()]
