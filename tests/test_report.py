@@ -159,8 +159,9 @@ def test_suites_expand_every_figure():
     assert np.all([t.game == "Breakout" for t in suites.expand("moe-fig1", "smoke")])
 
 
-def test_suites_take_options_before_the_double_dash(capsys):
+def test_suites_take_options_before_the_double_dash(capsys, monkeypatch):
     """`SUITE --budget paper --dry-run -- --device cuda`: the options parse and the flags after -- reach every task."""
+    monkeypatch.chdir(suites.ROOT)  # main() changes to the repository root; the fixture restores the directory after
     assert (
         suites.main(["atari100k-fig12", "--budget", "paper", "--games", "Pong", "--dry-run", "--", "--device", "cuda"])
         == 0
