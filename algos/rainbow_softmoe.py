@@ -1395,7 +1395,8 @@ class Run:
     t_write: float = field(default_factory=time.time)
     last_step: int = 0
     log_step: int = 0  # global_step at the last progress line
-    recent_sps: float = 0.0  # moving average of the steps/s between progress lines, for the ETA
+    recent_sps: float = 0.0  # moving average of the steps/s between progress lines while learning, for the ETA
+    log_updates: int = 0  # updates at the last progress line (0 before the first line: the rate is not known)
     video: EpisodeVideo | None = None
 
 
@@ -1474,11 +1475,19 @@ def log_step(run: Run, global_step, finished, next_obs, epsilon, updates, metric
     now = time.time()
     if now - run.t_log >= args.log_every_seconds:
         sps = (global_step - run.start_step) / (now - run.t_start)
-        # the ETA follows the recent rate, not the run's average: steps slow down once learning starts
+        # the ETA follows the recent rate of intervals spent learning throughout: steps slow down once learning
+        # starts, so before that the acting rate gives only a lower bound, and the interval that starts learning (or
+        # a resumed run's first) is left out, so that the ETA does not keep growing as the average catches up
         recent = (global_step - run.log_step) / (now - run.t_log)
-        run.recent_sps = recent if run.recent_sps == 0 else 0.7 * run.recent_sps + 0.3 * recent
+        if run.log_updates > 0:
+            run.recent_sps = recent if run.recent_sps == 0 else 0.7 * run.recent_sps + 0.3 * recent
+        left = args.total_timesteps - global_step
+        if run.recent_sps > 0:
+            eta = f"ETA {fmt_time(left / run.recent_sps)} at the recent rate"
+        else:
+            why = "learning has not started" if updates == 0 else "no whole interval of learning yet"
+            eta = f"ETA over {fmt_time(left / recent)} ({why})" if recent > 0 else "ETA ?"
         last = [r for _, r, _ in run.episodes[-100:]]
-        eta = (args.total_timesteps - global_step) / run.recent_sps if run.recent_sps > 0 else float("inf")
         for k in ("td_loss", "aux_loss", "q_values"):
             if k in metrics:
                 writer.add_scalar(f"losses/{k}", float(metrics[k]), global_step)
@@ -1487,12 +1496,10 @@ def log_step(run: Run, global_step, finished, next_obs, epsilon, updates, metric
         print(
             f"step {global_step:,}/{args.total_timesteps:,} | {sps:,.0f} steps/s | updates {updates:,} | "
             f"episodes {len(run.episodes):,} | mean return (last 100) {f'{np.mean(last):.1f}' if last else '-'} | "
-            f"epsilon {epsilon:.3f}"
-            + (f" | td loss {float(metrics['td_loss']):.4f}" if metrics else "")
-            + f" | ETA {fmt_time(eta) if math.isfinite(eta) else '?'} at the recent rate",
+            f"epsilon {epsilon:.3f}" + (f" | td loss {float(metrics['td_loss']):.4f}" if metrics else "") + f" | {eta}",
             flush=True,
         )
-        run.t_log, run.log_step = now, global_step
+        run.t_log, run.log_step, run.log_updates = now, global_step, updates
     if now - run.t_write >= 60 * args.write_every_minutes:
         write_outputs(run, global_step, updates, checkpoint, replay, rng, complete=False)
         run.t_write = now

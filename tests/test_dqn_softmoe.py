@@ -861,3 +861,31 @@ def test_command_line_error_is_one_line():
     )
     assert out.returncode != 0
     assert out.stderr.strip().splitlines()[-1].startswith("error: --tokenization needs an MoE")
+
+
+@pytest.mark.parametrize("module", ["dqn_softmoe", "rainbow_softmoe"])
+def test_eta_counts_only_learning_intervals_so_it_does_not_grow_as_the_rate_settles(module, monkeypatch, capsys):
+    script = __import__(module)
+    args = script.Args(total_timesteps=10_000, log_every_seconds=1.0, write_every_minutes=1e9)
+
+    class Writer:
+        def add_scalar(self, *a, **kw):
+            pass
+
+    clock = [0.0]
+    monkeypatch.setattr(script.time, "time", lambda: clock[0])
+    run = script.Run(args, "breakout", "unused", Writer(), {}, [], start_step=0, t_start=0.0, t_log=0.0, t_write=0.0)
+    # 100 steps/s acting until step 2,000, where learning starts; 10 steps/s from then on
+    lines = []
+    for t, step, updates in [(10, 1_000, 0), (20, 2_000, 0), (30, 2_100, 100), (40, 2_200, 200), (50, 2_300, 300)]:
+        clock[0] = t
+        script.log_step(run, step, [], None, 0.0, updates, {}, None, None, None)
+        lines.append(capsys.readouterr().out.strip().split(" | ")[-1])
+    # before learning: the acting rate gives a lower bound only; the interval in which learning starts is left out
+    assert lines[:3] == [
+        "ETA over 0h01m30s (learning has not started)",
+        "ETA over 0h01m20s (learning has not started)",
+        "ETA over 0h13m10s (no whole interval of learning yet)",
+    ]
+    # learning at a steady 10 steps/s: the ETA is the steps left at that rate and only shrinks
+    assert lines[3:] == ["ETA 0h13m00s at the recent rate", "ETA 0h12m50s at the recent rate"]
