@@ -59,6 +59,8 @@ from envs.tetris import (  # noqa: E402
     ColumnEngine,
     _encoding_table,
     binary_feature_length,
+    columns_to_boards,
+    render_board,
 )
 
 PAPER_FINAL_SCORES = {  # Table 1 (SZ-Tetris, final 1,000 episodes) and §3.2 (10x10, final 10,000 episodes)
@@ -105,6 +107,10 @@ class Args:
     write_every_minutes: Annotated[float, tyro.conf.arg(aliases=("--checkpoint-every-minutes",))] = 10.0
     """how often summary.json, the learning curve and (with --save-model) the checkpoint are rewritten mid-run (alias
     --checkpoint-every-minutes)"""
+    capture_video: bool = False
+    """record the training games of the first run of each activation as mp4 in runs/{run_name}/videos/, one frame
+    per placement (the board after the drop and the row clears), for that run's episodes 0, 1, 8, 27, ..., 729, 1000,
+    2000, ... (gymnasium's capped cubic schedule), at most 2,000 placements per video (needs moviepy)"""
 
     # --- environment ---
     env_id: str = "envs/SZTetris-v0"
@@ -249,6 +255,13 @@ def validate(args: Args) -> str | None:
             return f"bad --eval-selections entry {rule!r}: epsilon must lie in [0, 1] and tau be positive"
     if args.device != "auto" and args.device.startswith("cuda") and not torch.cuda.is_available():
         return f"--device {args.device} asked for CUDA but torch sees no GPU; use --device cpu or auto"
+    if args.capture_video:
+        if args.total_episodes == 0:
+            return "--capture-video records training games, and --total-episodes 0 plays none; drop one of the two"
+        try:
+            import moviepy  # noqa: F401
+        except ImportError:
+            return "--capture-video needs moviepy; `pip install moviepy` or drop --capture-video"
     return None
 
 
@@ -885,8 +898,55 @@ def load_checkpoint(path: str, args: Args) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Plots and CSVs
+# Plots, CSVs and video
 # ----------------------------------------------------------------------------------------------------------------------
+VIDEO_MAX_PLACEMENTS = 2000  # frames per video at most (a late 10x10 game lasts ~10k placements)
+
+
+class TetrisVideo:
+    """--capture-video: the boards of the recorded runs (run index -> file name tag) as mp4, one frame per placement,
+    for the episodes gymnasium's capped cubic schedule picks (0, 1, 8, 27, ..., 729, 1000, 2000, ...). Episodes are
+    numbered as in the learning curve, so a resumed run goes on from its checkpoint's counter; a run that has reached
+    --total-episodes records nothing more, and the games under way when training ends are written as far as they got."""
+
+    def __init__(self, folder: str, runs: dict[int, str], episodes: torch.Tensor, height: int, columns: bool):
+        os.makedirs(folder, exist_ok=True)
+        self.folder, self.runs, self.height, self.columns = folder, runs, height, columns
+        self.ids = list(runs)
+        self.episode = {r: int(episodes[r]) for r in self.ids}
+        self.frames = {r: [] for r in self.ids}
+
+    @staticmethod
+    def wanted(episode: int) -> bool:
+        return round(episode ** (1 / 3)) ** 3 == episode if episode < 1000 else episode % 1000 == 0
+
+    def add(self, boards: torch.Tensor, episodes: torch.Tensor, active: torch.Tensor):
+        """After every step: every run's board s_t ((R, W) column bits or (R, H, W)), finished-episode counters and
+        whether it is still learning. A game that just ended has already been replaced by the next one's empty
+        board, which becomes that game's first frame."""
+        now = boards[self.ids]
+        now = (columns_to_boards(now, self.height) if self.columns else now).cpu().numpy()
+        counts, learning = episodes[self.ids].tolist(), active[self.ids].tolist()
+        for k, r in enumerate(self.ids):
+            if counts[k] != self.episode[r]:
+                self.write(r)
+                self.episode[r] = counts[k]
+            if learning[k] and self.wanted(self.episode[r]) and len(self.frames[r]) < VIDEO_MAX_PLACEMENTS:
+                self.frames[r].append(now[k])
+
+    def write(self, r: int):
+        if self.frames[r]:
+            from moviepy import ImageSequenceClip
+
+            path = os.path.join(self.folder, f"{self.runs[r]}-episode-{self.episode[r]}.mp4")
+            ImageSequenceClip([render_board(b) for b in self.frames[r]], fps=10).write_videofile(path, logger=None)
+        self.frames[r] = []
+
+    def close(self):
+        for r in self.ids:
+            self.write(r)
+
+
 def block_means(scores: np.ndarray, counts: np.ndarray, block: int) -> np.ndarray:
     """Mean score of every complete block of `block` episodes per run (the paper's curves use blocks of 1,000).
     Returns (runs, blocks) with NaN where a run has not finished a block."""
@@ -1300,10 +1360,17 @@ def main(args: Args) -> dict:
             update_traces_and_params(params, eligibility, grad_t, s["decay"], step)
             return advance_games(s, after, after.boards, action, game_over, holes_next, td_error, next_pieces, k)
 
+    video = None
+    if args.capture_video:  # the first run of each activation
+        tags = {a: run_tag(a).replace("/", "-") for _, a, _ in groups}
+        video = TetrisVideo(os.path.join(run_dir, "videos"), tags, episodes, height, columns=shallow)
+        video.add(carry["boards"], episodes, carry["active"])
     with stop_signals() as stopped:
         while num_active and not stopped():
             uniform = torch.rand(R, P + 1, generator=rng, device=device)
             carry = train_step(carry, uniform, new_pieces())
+            if video is not None:
+                video.add(carry["boards"], episodes, carry["active"])
             abs_td_count += 1
             if abs_td_count % 16 == 0:  # the loop's only host sync (a run that finished idles along until then)
                 num_active = int(carry["active"].sum())
@@ -1358,6 +1425,8 @@ def main(args: Args) -> dict:
         interrupted = stopped() and bool(num_active)  # a signal after the last episode changes nothing
     if interrupted:
         print("interrupted: writing the summary, the learning curve and (with --save-model) the checkpoint")
+    if video is not None:
+        video.close()
     placements = int(carry["placements"])
 
     if args.total_episodes > 0:

@@ -488,12 +488,17 @@ class TetrisEnv(gym.Env):
             footer = "+" + "-" * self.width + "+"
             return "\n".join([f"next: {PIECE_NAMES[self.piece]}  lines: {self.lines}", *rows, footer]) + "\n"
         if self.render_mode == "rgb_array":
-            scale = 16
-            img = _CELL_COLOURS[self.board].repeat(scale, 0).repeat(scale, 1)
-            img[::scale, :] = 60  # grid lines
-            img[:, ::scale] = 60
-            return img
+            return render_board(self.board)
         return None
+
+
+def render_board(board: np.ndarray, scale: int = 16) -> np.ndarray:
+    """(H, W) 0/1 board, row 0 at the top -> (H scale, W scale, 3) uint8 RGB image with grid lines (the env's
+    rgb_array frame; td_lambda_tetris's --capture-video draws its batched boards with it)."""
+    img = _CELL_COLOURS[np.asarray(board, dtype=np.uint8)].repeat(scale, 0).repeat(scale, 1)
+    img[::scale, :] = 60  # grid lines
+    img[:, ::scale] = 60
+    return img
 
 
 gym.register("envs/SZTetris-v0", entry_point=TetrisEnv, kwargs={"variant": "sz"})

@@ -296,3 +296,44 @@ def test_shallow_dsilu_agent_reaches_tens_of_lines_within_4000_episodes(tmp_path
     monkeypatch.chdir(tmp_path)
     summary = run(total_episodes=4000, num_runs=4, seed=3, final_window=500)
     assert summary["final_score_mean"] > 30, summary["final_score_per_run"]
+
+
+@pytest.mark.parametrize(
+    "kw, width",
+    [({"activation": ("dsilu", "relu"), "total_episodes": 30}, 10), ({"network": "deep", "total_episodes": 9}, 10)],
+)
+def test_video_frames_replay_the_recorded_games_placement_by_placement(tmp_path, monkeypatch, kw, width):
+    """Every recorded game starts on the empty board, has one frame per placement, and each frame adds one piece's
+    4 cells less W per cleared row, so the rows cleared frame to frame add up to the episode's score."""
+    monkeypatch.chdir(tmp_path)
+    recorded, write = {}, td.TetrisVideo.write
+
+    def keep_frames(self, r):
+        if self.frames[r]:
+            recorded[(self.runs[r], self.episode[r])] = [f.copy() for f in self.frames[r]]
+        write(self, r)
+
+    monkeypatch.setattr(td.TetrisVideo, "write", keep_frames)
+    summary = run(num_runs=2, capture_video=True, **kw)
+    run_dir = tmp_path / "runs" / summary["run_name"]
+    tags = ["dsilu-run0", "relu-run0"] if "activation" in kw else ["run0"]
+    wanted = [e for e in (0, 1, 8, 27) if e < kw["total_episodes"]]
+    assert sorted(recorded) == sorted((tag, e) for tag in tags for e in wanted)
+    assert sorted(p.name for p in (run_dir / "videos").iterdir()) == sorted(
+        f"{tag}-episode-{e}.mp4" for tag in tags for e in wanted
+    )
+    for (tag, e), frames in recorded.items():
+        npz = run_dir / (tag.split("-")[0] if "activation" in kw else "") / "episodes.npz"
+        episodes = np.load(npz)
+        assert len(frames) == episodes["lengths"][0, e]  # the empty board, then every placement but the failing one
+        assert frames[0].sum() == 0 and all(f.shape == (20, width) for f in frames)
+        cells = np.array([f.sum() for f in frames], dtype=np.int64)
+        cleared, rest = np.divmod(cells[:-1] + 4 - cells[1:], width)
+        assert (rest == 0).all() and (cleared >= 0).all() and cleared.sum() == episodes["scores"][0, e]
+
+
+def test_video_of_an_evaluation_only_run_is_refused_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="--capture-video records training games") as err:
+        run(total_episodes=0, eval_episodes=1, capture_video=True)
+    assert "\n" not in str(err.value) and not (tmp_path / "runs").exists()
