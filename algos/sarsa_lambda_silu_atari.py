@@ -678,14 +678,44 @@ def write_video(path: str, frames: list[np.ndarray], fps: int = 15):
 # ----------------------------------------------------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------------------------------------------------
-def eta_seconds(remaining_episodes: int, lengths, steps_per_second: float, recent: int = 100) -> float:
-    """Time left at the current step rate if every remaining episode is as long as the mean of the last `recent`
-    episodes. Episodes lengthen as the agent learns, so this is a lower bound while the curve still rises."""
-    if remaining_episodes <= 0:
-        return 0.0
-    if not len(lengths) or steps_per_second <= 0:
-        return float("inf")
-    return remaining_episodes * float(np.mean(lengths[-recent:])) / steps_per_second
+def remaining_length(lengths, total: int, recent: int = 100) -> tuple[float, float]:
+    """Steps that episodes len(lengths) .. total-1 will take, from the lengths of the finished ones: (low, trend).
+    low: each as long as the mean of the last `recent` (a lower bound while episodes lengthen as the agent learns).
+    trend: lengths go on along the least-squares line through the last quarter of the finished episodes (at least
+    `recent` of them), never below low; an estimate, too high once the learning curve bends over and too low while it
+    still bends up. (inf, inf) before any episode has finished."""
+    done, left = len(lengths), total - len(lengths)
+    if left <= 0:
+        return 0.0, 0.0
+    if done == 0:
+        return math.inf, math.inf
+    low = left * float(np.mean(lengths[-recent:]))
+    window = np.asarray(lengths[-max(recent, done // 4) :], dtype=np.float64)
+    index = np.arange(done - len(window), done, dtype=np.float64)
+    centred = index - index.mean()
+    slope = float(centred @ (window - window.mean()) / (centred @ centred)) if len(window) > 1 else 0.0
+    # the sum over j = done .. total-1 of the line mean(window) + slope (j - mean(index))
+    trend = left * (window.mean() + slope * ((done + total - 1) / 2 - index.mean()))
+    return low, max(low, trend)
+
+
+def eta_text(low: float, trend: float) -> str:
+    if not math.isfinite(trend):
+        return "ETA ?"
+    return (
+        f"ETA {fmt_time(low)} to {fmt_time(trend)} (episodes as long as the last 100, or lengthening on their recent "
+        "trend)"
+    )
+
+
+def eta_seconds(lengths, total_episodes: int, steps_per_second: float) -> tuple[float, float]:
+    """Seconds left (low, trend; see `remaining_length`) at the current step rate."""
+    low, trend = remaining_length(lengths, total_episodes)
+    if trend == 0:
+        return 0.0, 0.0
+    if steps_per_second <= 0:
+        return math.inf, math.inf
+    return low / steps_per_second, trend / steps_per_second
 
 
 class stop_signals:
@@ -929,7 +959,7 @@ def main(args: Args) -> dict:
                     sps = (global_step - start_step) / (now - t_start)
                     recent = history["score"][-args.final_window :]
                     mean_recent = f"{np.mean(recent):.1f}" if recent else "-"
-                    eta = eta_seconds(args.total_episodes - episodes, history["length"], sps)
+                    eta = eta_text(*eta_seconds(history["length"], args.total_episodes, sps))
                     writer.add_scalar("charts/SPS", sps, global_step)
                     writer.add_scalar("charts/temperature", tau, global_step)
                     if td_count:
@@ -939,7 +969,7 @@ def main(args: Args) -> dict:
                         f"episodes {episodes:,}/{args.total_episodes:,} | steps {global_step:,} | {sps:,.0f} steps/s | "
                         f"mean score (last {args.final_window}) {mean_recent} | tau {tau:.4f} | "
                         f"|delta| {abs_td / max(td_count, 1):.4f} | "
-                        f"ETA >= {fmt_time(eta) if math.isfinite(eta) else '?'} (lower bound: episodes lengthen)",
+                        f"{eta}",
                         flush=True,
                     )
                     abs_td, q_mean, td_count = 0.0, 0.0, 0

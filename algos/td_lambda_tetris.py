@@ -1099,15 +1099,47 @@ def fmt_time(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
 
 
-def eta_seconds(remaining_episodes: np.ndarray, recent_length: np.ndarray, steps_per_second: float) -> float:
-    """Seconds left if every remaining episode of run r is as long as run r's recent mean length. Every run places one
-    piece per step of the batched loop (a run that has finished idles along), so the run with the most placements
-    left sets the time: max_r remaining_r length_r / (loop steps per second). Episodes lengthen as the agent learns,
-    so while the curve still rises this is a lower bound (the progress line says so)."""
-    remaining = float(np.max(np.maximum(remaining_episodes, 0) * recent_length, initial=0.0))
-    if remaining == 0:
-        return 0.0
-    return remaining / steps_per_second if steps_per_second > 0 else float("inf")
+def remaining_length(lengths, total: int, recent: int = 100) -> tuple[float, float]:
+    """Steps that episodes len(lengths) .. total-1 will take, from the lengths of the finished ones: (low, trend).
+    low: each as long as the mean of the last `recent` (a lower bound while episodes lengthen as the agent learns).
+    trend: lengths go on along the least-squares line through the last quarter of the finished episodes (at least
+    `recent` of them), never below low; an estimate, too high once the learning curve bends over and too low while it
+    still bends up. (inf, inf) before any episode has finished."""
+    done, left = len(lengths), total - len(lengths)
+    if left <= 0:
+        return 0.0, 0.0
+    if done == 0:
+        return math.inf, math.inf
+    low = left * float(np.mean(lengths[-recent:]))
+    window = np.asarray(lengths[-max(recent, done // 4) :], dtype=np.float64)
+    index = np.arange(done - len(window), done, dtype=np.float64)
+    centred = index - index.mean()
+    slope = float(centred @ (window - window.mean()) / (centred @ centred)) if len(window) > 1 else 0.0
+    # the sum over j = done .. total-1 of the line mean(window) + slope (j - mean(index))
+    trend = left * (window.mean() + slope * ((done + total - 1) / 2 - index.mean()))
+    return low, max(low, trend)
+
+
+def eta_text(low: float, trend: float) -> str:
+    if not math.isfinite(trend):
+        return "ETA ?"
+    return (
+        f"ETA {fmt_time(low)} to {fmt_time(trend)} (episodes as long as the last 100, or lengthening on their recent "
+        "trend)"
+    )
+
+
+def eta_seconds(lengths: np.ndarray, done: np.ndarray, total: int, steps_per_second: float) -> tuple[float, float]:
+    """Seconds left (low, trend; see `remaining_length`) for runs whose finished episodes had lengths[r, :done[r]].
+    Every run places one piece per step of the batched loop (a run that has finished idles along), so the run with
+    the most placements left sets the time: max_r placements_r / (loop steps per second)."""
+    left = [remaining_length(lengths[r, : int(d)], total) for r, d in enumerate(done)]
+    low, trend = max((a for a, _ in left), default=0.0), max((b for _, b in left), default=0.0)
+    if trend == 0:
+        return 0.0, 0.0
+    if steps_per_second <= 0:
+        return math.inf, math.inf
+    return low / steps_per_second, trend / steps_per_second
 
 
 def score_summary(scores: np.ndarray, counts: np.ndarray, final_window: int) -> dict:
@@ -1400,7 +1432,6 @@ def main(args: Args) -> dict:
                 abs_td_sum.zero_()
                 abs_td_count = 0
                 writer.add_scalar("charts/placements_per_second", sps, placements)
-                recent_len = np.array([ln[r, max(0, d - 100) : d].mean() if d else 0.0 for r, d in enumerate(done)])
                 recent = [
                     f"{act} {np.mean([sc[r, max(0, done[r] - 1000) : done[r]].mean() for r in range(a_, b_)]):.2f}"
                     if done[a_:b_].min() > 0
@@ -1408,12 +1439,11 @@ def main(args: Args) -> dict:
                     for act, a_, b_ in groups
                 ]
                 progress = int(done.min())
-                eta = eta_seconds(args.total_episodes - done, recent_len, steps_per_second)
+                eta = eta_text(*eta_seconds(ln, done, args.total_episodes, steps_per_second))
                 print(
                     f"episodes {int(progress):,}/{args.total_episodes:,} (slowest run) | placements {placements:,} | "
                     f"{sps:,.0f} placements/s | mean score, last 1000 ep.: {', '.join(recent)} | "
-                    f"tau {float(tau.mean()):.4f} | ETA >= {fmt_time(eta) if math.isfinite(eta) else '?'} "
-                    "(lower bound: the last 100 episodes' length at this rate; episodes lengthen as the agent learns)",
+                    f"tau {float(tau.mean()):.4f} | {eta}",
                     flush=True,
                 )
                 t_log = now

@@ -519,10 +519,15 @@ def test_bad_checkpoints_fail_with_one_line_before_anything_is_written(trained, 
     assert not (tmp_path / "runs").exists()
 
 
-def test_eta_is_remaining_episodes_times_recent_length_over_the_step_rate():
-    lengths = [100] * 50 + [300] * 100  # the last 100 episodes average 300 steps
-    assert sarsa.eta_seconds(20, lengths, 600.0) == pytest.approx(20 * 300 / 600)
-    assert sarsa.eta_seconds(0, lengths, 600.0) == 0.0 and sarsa.eta_seconds(5, [], 600.0) == float("inf")
+def test_eta_ranges_from_the_recent_length_to_the_lengths_recent_trend():
+    lengths = [100] * 50 + [300] * 100  # the last 100 episodes average 300 steps and are flat: both ends agree
+    assert sarsa.eta_seconds(lengths, 170, 600.0) == pytest.approx((20 * 300 / 600, 20 * 300 / 600))
+    rising = [float(1000 + 5 * i) for i in range(400)]  # last quarter = last 100 (slope 5); mean of the last 100 2747.5
+    low, trend = sarsa.eta_seconds(rising, 420, 10.0)
+    assert low == pytest.approx(20 * 2747.5 / 10) and trend == pytest.approx(
+        sum(1000 + 5 * j for j in range(400, 420)) / 10
+    )
+    assert sarsa.eta_seconds(lengths, 150, 600.0) == (0.0, 0.0) and sarsa.eta_seconds([], 5, 600.0)[0] == float("inf")
 
 
 def test_command_line_error_is_one_line(tmp_path):

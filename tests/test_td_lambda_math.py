@@ -250,7 +250,18 @@ def test_table1_statistics_by_hand():
 
 
 def test_eta_is_the_slowest_runs_remaining_placements_over_the_loop_step_rate():
-    # the runs step together: run 0 has 10 x 300 placements left, run 3 has 40 x 50; finished runs count nothing
-    eta = td.eta_seconds(np.array([10, 0, -3, 40]), np.array([300.0, 50.0, 80.0, 50.0]), 100.0)
-    assert eta == pytest.approx(10 * 300 / 100)
-    assert td.eta_seconds(np.array([0, 0]), np.array([1.0, 1.0]), 0.0) == 0.0
+    # run 0: lengths 10 + 2i for its 200 finished episodes of 300. Low: 100 more episodes as long as its last 100
+    # (mean 10 + 2 x 149.5 = 309); trend: the line through its last 100 (slope 2) summed over episodes 200..299.
+    # Run 1 has finished; run 2 has 290 flat episodes of 50 (10 x 50 left, its trend no longer than its low).
+    lengths = np.zeros((3, 300))
+    lengths[0, :200] = 10 + 2 * np.arange(200)
+    lengths[1, :] = 7
+    lengths[2, :290] = 50
+    low, trend = td.eta_seconds(lengths, np.array([200, 300, 290]), 300, 100.0)
+    assert low == pytest.approx(100 * 309 / 100)
+    assert trend == pytest.approx(sum(10 + 2 * j for j in range(200, 300)) / 100)
+    assert td.remaining_length(lengths[2, :290], 300) == pytest.approx((500.0, 500.0))
+    assert td.remaining_length(400 - np.arange(200.0), 300)[1] == td.remaining_length(400 - np.arange(200.0), 300)[0]
+    assert td.eta_seconds(lengths[1:2], np.array([300]), 300, 0.0) == (0.0, 0.0)
+    assert td.eta_seconds(lengths, np.array([0, 300, 290]), 300, 100.0) == (math.inf, math.inf)  # nothing finished
+    assert td.eta_text(math.inf, math.inf) == "ETA ?"
