@@ -982,7 +982,7 @@ def main(args: Args) -> dict:
             envs.close()
             raise SystemExit(f"error: --resume {args.resume!r} does not fit this run ({err})") from None
 
-    run = start_run(args, rom, q_net, replay, global_step, episodes, device, resumed=ckpt is not None)
+    run = start_run(args, rom, q_net, replay, global_step, updates, episodes, device, resumed=ckpt is not None)
 
     def checkpoint() -> dict:
         return {"q_net": q_net.state_dict(), "target_net": target_net.state_dict(), "optimizer": optimizer.state_dict()}
@@ -1055,11 +1055,14 @@ class Run:
     last_step: int = 0
     log_step: int = 0  # global_step at the last progress line
     recent_sps: float = 0.0  # moving average of the steps/s between progress lines while learning, for the ETA
-    log_updates: int = 0  # updates at the last progress line (0 before the first line: the rate is not known)
+    log_updates: int = 0  # updates at the last progress line (at the start: the checkpoint's count)
+    was_learning: bool = False  # whether the interval before the last progress line had updates
     video: EpisodeVideo | None = None
 
 
-def start_run(args: Args, rom: str, net, replay, global_step: int, episodes: list, device, resumed: bool) -> Run:
+def start_run(
+    args: Args, rom: str, net, replay, global_step: int, updates: int, episodes: list, device, resumed: bool
+) -> Run:
     game = camel_name(rom)
     run_name = base_name = f"{game}__{args.exp_name}__{args.moe}-{args.encoder}__{args.seed}__{int(time.time())}"
     attempt = 1
@@ -1113,6 +1116,7 @@ def start_run(args: Args, rom: str, net, replay, global_step: int, episodes: lis
         global_step,
         last_step=global_step,
         log_step=global_step,
+        log_updates=updates,
         video=video,
     )
 
@@ -1135,16 +1139,18 @@ def log_step(run: Run, global_step, finished, next_obs, epsilon, updates, metric
     if now - run.t_log >= args.log_every_seconds:
         sps = (global_step - run.start_step) / (now - run.t_start)
         # the ETA follows the recent rate of intervals spent learning throughout: steps slow down once learning
-        # starts, so before that the acting rate gives only a lower bound, and the interval that starts learning (or
-        # a resumed run's first) is left out, so that the ETA does not keep growing as the average catches up
+        # starts, so before that (and while a run resumed without its replay memory refills it) the acting rate
+        # gives only a lower bound, and the interval in which learning starts is left out, so that the ETA does not
+        # keep growing as the average catches up
         recent = (global_step - run.log_step) / (now - run.t_log)
-        if run.log_updates > 0:
+        learning = updates > run.log_updates  # in this interval; throughout it if also in the one before
+        if learning and run.was_learning:
             run.recent_sps = recent if run.recent_sps == 0 else 0.7 * run.recent_sps + 0.3 * recent
         left = args.total_timesteps - global_step
         if run.recent_sps > 0:
             eta = f"ETA {fmt_time(left / run.recent_sps)} at the recent rate"
         else:
-            why = "learning has not started" if updates == 0 else "no whole interval of learning yet"
+            why = "no whole interval of learning yet" if learning else "learning has not started"
             eta = f"ETA over {fmt_time(left / recent)} ({why})" if recent > 0 else "ETA ?"
         last = [r for _, r, _ in run.episodes[-100:]]
         for k in ("td_loss", "aux_loss", "q_values"):
@@ -1158,7 +1164,7 @@ def log_step(run: Run, global_step, finished, next_obs, epsilon, updates, metric
             f"epsilon {epsilon:.3f}" + (f" | td loss {float(metrics['td_loss']):.4f}" if metrics else "") + f" | {eta}",
             flush=True,
         )
-        run.t_log, run.log_step, run.log_updates = now, global_step, updates
+        run.t_log, run.log_step, run.log_updates, run.was_learning = now, global_step, updates, learning
     if now - run.t_write >= 60 * args.write_every_minutes:
         write_outputs(run, global_step, updates, checkpoint, replay, rng, complete=False)
         run.t_write = now

@@ -700,6 +700,7 @@ def remaining_length(lengths, total: int, recent: int = 100) -> tuple[float, flo
 
 
 def eta_text(low: float, trend: float) -> str:
+    """The progress line's ETA: both ends of `eta_seconds`, or '?' before any episode has finished."""
     if not math.isfinite(trend):
         return "ETA ?"
     return (
@@ -968,8 +969,7 @@ def main(args: Args) -> dict:
                     print(
                         f"episodes {episodes:,}/{args.total_episodes:,} | steps {global_step:,} | {sps:,.0f} steps/s | "
                         f"mean score (last {args.final_window}) {mean_recent} | tau {tau:.4f} | "
-                        f"|delta| {abs_td / max(td_count, 1):.4f} | "
-                        f"{eta}",
+                        f"|delta| {abs_td / max(td_count, 1):.4f} | {eta}",
                         flush=True,
                     )
                     abs_td, q_mean, td_count = 0.0, 0.0, 0

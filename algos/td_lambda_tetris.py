@@ -110,7 +110,8 @@ class Args:
     capture_video: bool = False
     """record the training games of the first run of each activation as mp4 in runs/{run_name}/videos/, one frame
     per placement (the board after the drop and the row clears), for that run's episodes 0, 1, 8, 27, ..., 729, 1000,
-    2000, ... (gymnasium's capped cubic schedule), at most 2,000 placements per video (needs moviepy)"""
+    2000, ... (gymnasium's capped cubic schedule), at most 2,000 placements per video (needs moviepy; on CUDA it
+    syncs the device at every step to read the episode counters)"""
 
     # --- environment ---
     env_id: str = "envs/SZTetris-v0"
@@ -923,16 +924,21 @@ class TetrisVideo:
     def add(self, boards: torch.Tensor, episodes: torch.Tensor, active: torch.Tensor):
         """After every step: every run's board s_t ((R, W) column bits or (R, H, W)), finished-episode counters and
         whether it is still learning. A game that just ended has already been replaced by the next one's empty
-        board, which becomes that game's first frame."""
-        now = boards[self.ids]
-        now = (columns_to_boards(now, self.height) if self.columns else now).cpu().numpy()
+        board, which becomes that game's first frame. Reading the counters syncs a CUDA device at every step; the
+        boards are copied only while a recorded game is under way."""
         counts, learning = episodes[self.ids].tolist(), active[self.ids].tolist()
+        recording = []
         for k, r in enumerate(self.ids):
             if counts[k] != self.episode[r]:
                 self.write(r)
                 self.episode[r] = counts[k]
             if learning[k] and self.wanted(self.episode[r]) and len(self.frames[r]) < VIDEO_MAX_PLACEMENTS:
-                self.frames[r].append(now[k])
+                recording.append(r)
+        if recording:
+            now = boards[recording]
+            now = (columns_to_boards(now, self.height) if self.columns else now).cpu().numpy()
+            for r, board in zip(recording, now, strict=True):
+                self.frames[r].append(board)
 
     def write(self, r: int):
         if self.frames[r]:
@@ -1121,6 +1127,7 @@ def remaining_length(lengths, total: int, recent: int = 100) -> tuple[float, flo
 
 
 def eta_text(low: float, trend: float) -> str:
+    """The progress line's ETA: both ends of `eta_seconds`, or '?' before any episode has finished."""
     if not math.isfinite(trend):
         return "ETA ?"
     return (

@@ -889,3 +889,18 @@ def test_eta_counts_only_learning_intervals_so_it_does_not_grow_as_the_rate_sett
     ]
     # learning at a steady 10 steps/s: the ETA is the steps left at that rate and only shrinks
     assert lines[3:] == ["ETA 0h13m00s at the recent rate", "ETA 0h12m50s at the recent rate"]
+
+    # resumed at step 5,000 with 3,000 updates done and no replay memory: acting only while the memory refills
+    times = dict(t_start=0.0, t_log=0.0, t_write=0.0)
+    run = script.Run(args, "breakout", "unused", Writer(), {}, [], 5_000, **times, log_step=5_000, log_updates=3_000)
+    lines = []
+    for t, step, updates in [(10, 6_000, 3_000), (20, 7_000, 3_000), (30, 7_100, 3_100), (40, 7_200, 3_200)]:
+        clock[0] = t
+        script.log_step(run, step, [], None, 0.0, updates, {}, None, None, None)
+        lines.append(capsys.readouterr().out.strip().split(" | ")[-1])
+    assert lines == [
+        "ETA over 0h00m40s (learning has not started)",
+        "ETA over 0h00m30s (learning has not started)",
+        "ETA over 0h04m50s (no whole interval of learning yet)",
+        "ETA 0h04m40s at the recent rate",
+    ]

@@ -337,3 +337,37 @@ def test_video_of_an_evaluation_only_run_is_refused_with_one_line(tmp_path, monk
     with pytest.raises(SystemExit, match="--capture-video records training games") as err:
         run(total_episodes=0, eval_episodes=1, capture_video=True)
     assert "\n" not in str(err.value) and not (tmp_path / "runs").exists()
+
+
+def test_video_numbers_episodes_from_the_checkpoint_counter_and_caps_long_games(tmp_path, monkeypatch):
+    written = []
+
+    def note(self, r):  # (episode, frames) of each video instead of an mp4
+        written.append((self.episode[r], len(self.frames[r])))
+        self.frames[r] = []
+
+    monkeypatch.setattr(td.TetrisVideo, "write", note)
+    assert [e for e in range(3000) if td.TetrisVideo.wanted(e)] == [
+        0,
+        1,
+        8,
+        27,
+        64,
+        125,
+        216,
+        343,
+        512,
+        729,
+        1000,
+        2000,
+    ]
+    # a resumed run at episode 1,000 (wanted): a game of 2,100 placements keeps the first 2,000; 1,001 is not recorded
+    video = td.TetrisVideo(str(tmp_path), {0: "run0"}, torch.tensor([1000]), 20, columns=False)
+    boards, active = torch.zeros(1, 20, 10, dtype=torch.uint8), torch.tensor([True])
+    for _ in range(2100):
+        video.add(boards, torch.tensor([1000]), active)
+    for _ in range(50):
+        video.add(boards, torch.tensor([1001]), active)
+    video.add(boards, torch.tensor([1002]), torch.tensor([False]))  # finished its episodes: nothing more is recorded
+    video.close()
+    assert written == [(1000, 2000), (1001, 0), (1002, 0)]

@@ -265,3 +265,13 @@ def test_eta_is_the_slowest_runs_remaining_placements_over_the_loop_step_rate():
     assert td.eta_seconds(lengths[1:2], np.array([300]), 300, 0.0) == (0.0, 0.0)
     assert td.eta_seconds(lengths, np.array([0, 300, 290]), 300, 100.0) == (math.inf, math.inf)  # nothing finished
     assert td.eta_text(math.inf, math.inf) == "ETA ?"
+
+
+def test_eta_trend_is_the_least_squares_line_through_the_last_quarter_of_episodes():
+    rng = np.random.default_rng(0)
+    index = np.arange(1000)
+    lengths = 50 + 30 * np.sqrt(index) + rng.normal(0, 20, 1000)  # curved and noisy; the last quarter is 250 episodes
+    slope, intercept = np.polyfit(index[-250:], lengths[-250:], 1)
+    expected = sum(intercept + slope * j for j in range(1000, 3000))
+    low, trend = td.remaining_length(lengths, 3000)
+    assert low == pytest.approx(2000 * lengths[-100:].mean()) and trend == pytest.approx(expected)
