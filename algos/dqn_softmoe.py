@@ -1219,10 +1219,11 @@ def finish_run(run: Run, global_step, updates, checkpoint, replay, rng, complete
     summary = run.summary
     if summary["mean_return_last_100"] is not None:
         run.writer.add_scalar("charts/mean_return_last_100", summary["mean_return_last_100"], global_step)
-    hns = summary["human_normalized_score"]
+    hns, mean_return = summary["human_normalized_score"], summary["mean_return_last_100"]
     print(
         f"done: {global_step:,} steps, {len(run.episodes)} episodes, mean return (last {summary['episodes_in_mean']}) "
-        f"{summary['mean_return_last_100']}, human-normalised {hns if hns is None else round(hns, 3)}, "
+        f"{'-' if mean_return is None else f'{mean_return:.1f}'}, "
+        f"human-normalised {hns if hns is None else round(hns, 3)}, "
         f"{summary['sps']:,.0f} steps/s"
     )
     run.writer.close()
