@@ -1262,10 +1262,11 @@ def finish_run(run: Run, updates: int, checkpoint, rng, complete: bool) -> dict:
         print("interrupted: writing the summary and (with --save-model) the checkpoint")
     write_outputs(run, updates, checkpoint, rng, complete)
     summary = run.summary
-    hns = summary["eval_human_normalized_score"]
+    hns, mean_return = summary["eval_human_normalized_score"], summary["eval_mean_return"]
     print(
         f"done: {updates:,} gradient steps, {len(run.evaluations)} iterations, last evaluation "
-        f"{summary['eval_mean_return']}, human-normalised {hns if hns is None else round(hns, 3)}, "
+        f"{'-' if mean_return is None else f'{mean_return:.1f}'}, "
+        f"human-normalised {hns if hns is None else round(hns, 3)}, "
         f"{summary['gradient_steps_per_second']:,.1f} gradient steps/s (sampler: "
         f"{summary['sampler_batches_per_second'] or 0:,.0f} batches/s)"
     )

@@ -989,10 +989,13 @@ def main(args: Args) -> dict:
         raise SystemExit(f"error: {summary['diverged']}: stopped (summary.json written{kept})")
     if args.total_episodes > 0:
         final, best = summary["final_mean_score"], summary["best_mean_score"]
+        final_dqn, best_dqn = summary["final_dqn_normalized"], summary["best_dqn_normalized"]
         print(
             f"done: {episodes:,} episodes, {global_step:,} steps, {summary['sps']:,.0f} steps/s; "
-            f"final mean score (last {summary['final_window']}) {final}, best mean {best}, "
-            f"DQN-normalised {summary['final_dqn_normalized']} / {summary['best_dqn_normalized']}; "
+            f"final mean score (last {summary['final_window']}) {'-' if final is None else f'{final:,.1f}'}, "
+            f"best mean {'-' if best is None else f'{best:,.1f}'}, "
+            f"DQN-normalised {'-' if final_dqn is None else f'{final_dqn:.3f}'} / "
+            f"{'-' if best_dqn is None else f'{best_dqn:.3f}'}; "
             f"paper (final / best): {summary['paper_final_score']} / {summary['paper_best_score']}"
         )
         if args.save_model:
