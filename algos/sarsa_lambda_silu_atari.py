@@ -745,6 +745,11 @@ def fmt_time(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
 
 
+def fmt_score(value: float | None, spec: str) -> str:
+    """A score for the done line, or '-' where there is none (no finished episode, a game outside Table 2)."""
+    return "-" if value is None else format(value, spec)
+
+
 def main(args: Args) -> dict:
     error = validate(args)
     if error is None and args.track:
@@ -988,14 +993,12 @@ def main(args: Args) -> dict:
         kept = f"; the last good checkpoint is {summary['checkpoint']}" if "checkpoint" in summary else ""
         raise SystemExit(f"error: {summary['diverged']}: stopped (summary.json written{kept})")
     if args.total_episodes > 0:
-        final, best = summary["final_mean_score"], summary["best_mean_score"]
-        final_dqn, best_dqn = summary["final_dqn_normalized"], summary["best_dqn_normalized"]
         print(
             f"done: {episodes:,} episodes, {global_step:,} steps, {summary['sps']:,.0f} steps/s; "
-            f"final mean score (last {summary['final_window']}) {'-' if final is None else f'{final:,.1f}'}, "
-            f"best mean {'-' if best is None else f'{best:,.1f}'}, "
-            f"DQN-normalised {'-' if final_dqn is None else f'{final_dqn:.3f}'} / "
-            f"{'-' if best_dqn is None else f'{best_dqn:.3f}'}; "
+            f"final mean score (last {summary['final_window']}) {fmt_score(summary['final_mean_score'], ',.1f')}, "
+            f"best mean {fmt_score(summary['best_mean_score'], ',.1f')}, "
+            f"DQN-normalised {fmt_score(summary['final_dqn_normalized'], '.3f')} / "
+            f"{fmt_score(summary['best_dqn_normalized'], '.3f')}; "
             f"paper (final / best): {summary['paper_final_score']} / {summary['paper_best_score']}"
         )
         if args.save_model:
