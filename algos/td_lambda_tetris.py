@@ -99,9 +99,9 @@ class Args:
     """save the parameters and score history of every run to runs/{run_name}/td_lambda_tetris.pt (at the end and
     every --write-every-minutes)"""
     resume: Annotated[str | None, tyro.conf.arg(aliases=("--load-model",))] = None
-    """checkpoint to resume (alias --load-model): training continues from its episode counters and score history (the
-    interrupted episodes start afresh); --total-episodes counts from the start of the original run, as in every
-    script; with --total-episodes 0 the checkpoint is only evaluated"""
+    """checkpoint to resume (alias --load-model): training continues exactly where it stopped (traces, games in
+    progress and the random generator; a checkpoint without them restarts the interrupted episodes); --total-episodes
+    counts from the start of the original run, as in every script; with --total-episodes 0 it is only evaluated"""
     log_every_seconds: float = 10.0
     """how often the progress line is printed and the tensorboard scalars are written"""
     write_every_minutes: Annotated[float, tyro.conf.arg(aliases=("--checkpoint-every-minutes",))] = 10.0
@@ -159,7 +159,8 @@ class Args:
     compile: bool = False
     """shallow net: run the training step as two inductor graphs, the afterstates and the update, called directly
     (`compile_graph`; needs a C compiler on CPU, falls back to eager with a warning; 10-40 s of compilation at the
-    start). Same maths and the same games as without it"""
+    start). Same maths and the same games as without it. One torch thread unless OMP_NUM_THREADS says otherwise
+    (the fastest setting measured on CPU; run one process per core)"""
 
     # --- evaluation and analysis (§4.1, §4.2) ---
     final_window: int | None = None
@@ -596,6 +597,7 @@ LEARNER_STATE = ("table", "v", "ev", "c", "A")  # the shallow net's tensors that
 CARRY_NEW = ("boards", "states", "holes_now", "decay", "score", "length", "active", "placements", "abs_td_sum")
 CARRY_IN_PLACE = ("episodes", "scores", "lengths")  # the record, updated in place
 CARRY = CARRY_NEW + CARRY_IN_PLACE  # the carry tensors the update graph reads, in its argument order
+GAME_STATE = ("boards", "states", "pieces", "holes_now", "decay", "score", "length")  # the games in progress
 
 
 @contextlib.contextmanager
@@ -834,8 +836,9 @@ def architecture(args: Args) -> dict:
     return arch
 
 
-def save_checkpoint(path, args, params, episodes, scores, lengths):
-    """Parameters, episode counters and the score history of every run; written atomically (tmp file + rename)."""
+def save_checkpoint(path, args, params, episodes, scores, lengths, state=None):
+    """Parameters, episode counters and the score history of every run, and (`state`) what resumes the run exactly:
+    the traces, the games in progress and the random generator. Written atomically (tmp file + rename)."""
     n = max(int(episodes.max()), 1)
     tmp = f"{path}.tmp"
     torch.save(
@@ -849,6 +852,7 @@ def save_checkpoint(path, args, params, episodes, scores, lengths):
             "scores": scores[:, :n].cpu(),
             "lengths": lengths[:, :n].cpu(),
             "args": asdict(args),
+            **({"state": state} if state is not None else {}),
         },
         tmp,
     )
@@ -878,6 +882,7 @@ def load_checkpoint(path: str, args: Args) -> dict:
         rows = slice(k * n, (k + 1) * n)
         ckpt["params"] = {name: v[rows] for name, v in ckpt["params"].items()}
         ckpt["episodes"], ckpt["scores"], ckpt["lengths"] = (ckpt[x][rows] for x in ("episodes", "scores", "lengths"))
+        ckpt.pop("state", None)  # evaluation only: no training state is resumed
         have = ckpt["architecture"] = want
     if want != have:
         diff = ", ".join(
@@ -1192,6 +1197,12 @@ def main(args: Args) -> dict:
         if args.device == "auto" and torch.cuda.is_available()
         else ("cpu" if args.device == "auto" else args.device)
     )
+    saved = ckpt.get("state") if ckpt is not None and args.total_episodes > 0 else None
+    if saved is not None and saved["device"] != device.type:  # the random generator's state is per device type
+        where = saved["device"]
+        raise SystemExit(f"error: --resume {args.resume!r} was written on {where}; pass --device {where}")
+    if args.compile and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)  # the compiled step is fastest on one thread (docs/td_lambda_tetris.md, "Speed")
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -1371,7 +1382,7 @@ def main(args: Args) -> dict:
             write_combined_curve(run_dir, per_group, sc_all, counts_all, groups, args)
         if args.save_model and finite:
             path = os.path.join(run_dir, "td_lambda_tetris.pt")
-            save_checkpoint(path, args, theta, episodes, scores, lengths)
+            save_checkpoint(path, args, theta, episodes, scores, lengths, resume_state())
             summary["checkpoint"] = path
         with open(os.path.join(run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
@@ -1383,6 +1394,21 @@ def main(args: Args) -> dict:
     carry = dict(boards=boards, states=states, pieces=pieces, holes_now=holes_now, decay=torch.zeros(R, device=device))
     carry.update(score=score, length=length, active=active, placements=torch.zeros((), dtype=torch.long, device=device))
     carry.update(abs_td_sum=abs_td_sum, episodes=episodes, scores=scores, lengths=lengths)
+    traces = {name: getattr(learner, name) for name in LEARNER_STATE} if shallow else eligibility
+    if saved is not None:  # exactly where the run stopped: its traces, the games in progress and the generator
+        for name, v in traces.items():
+            v.copy_(saved["traces"][name])
+        carry.update({name: v.to(device) for name, v in saved["games"].items()})
+        rng.set_state(saved["rng"])
+
+    def resume_state() -> dict:
+        return {
+            "traces": {name: v.detach().cpu().clone() for name, v in traces.items()},
+            "games": {name: carry[name].cpu() for name in GAME_STATE},
+            "rng": rng.get_state(),
+            "device": device.type,
+        }
+
     if shallow:
         step_fn = compiled_shallow_step() if args.compile else shallow_step
 

@@ -71,6 +71,43 @@ def test_checkpoint_round_trip_is_exact_and_evaluation_runs(tmp_path, monkeypatc
     assert history.shape == (2, 25) and torch.equal(history[:, :20], ckpt["scores"])  # the curve continues
 
 
+class StopAfter:
+    """Stands in for td.stop_signals: the loop sees a stop signal after `checks` steps."""
+
+    def __init__(self, checks: int):
+        self.left = checks
+
+    def __enter__(self):
+        def stopped():
+            self.left -= 1
+            return self.left < 0
+
+        return stopped
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_stopped_run_resumes_exactly_where_it_stopped(tmp_path, monkeypatch, compiled):
+    """Stopped mid-game and resumed, the runs play the same games and learn the same parameters as without the stop
+    (traces, games in progress and the generator are in the checkpoint): bit-identical scores and parameters."""
+    monkeypatch.chdir(tmp_path)
+    kw = dict(num_runs=2, total_episodes=40, seed=3, save_model=True, compile=compiled, activation=("dsilu", "relu"))
+    straight = run(**kw)
+    monkeypatch.setattr(td, "stop_signals", lambda: StopAfter(300))
+    stopped = run(**kw)
+    assert stopped["complete"] is False and min(stopped["per_activation"]["dsilu"]["episodes_per_run"]) < 40
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    resumed = run(**kw, resume=stopped["checkpoint"])
+    a, b = (torch.load(s["checkpoint"], weights_only=True) for s in (straight, resumed))
+    assert a["episodes"].tolist() == b["episodes"].tolist() == [40] * 4
+    assert torch.equal(a["scores"], b["scores"]) and torch.equal(a["lengths"], b["lengths"])
+    for name in a["params"]:
+        assert torch.equal(a["params"][name], b["params"][name]), name
+
+
 def test_runs_started_in_the_same_second_keep_their_own_directories(tmp_path, monkeypatch):
     """run names end in int(time.time()): a second run (or a resume) in the same second must not overwrite the first."""
     monkeypatch.chdir(tmp_path)
