@@ -1,0 +1,99 @@
+"""The run's resumable state, small enough to commit: a td_lambda_tetris.py checkpoint without its per-episode history.
+
+    python milestone.py pack runs/<run>/td_lambda_tetris.pt state.npz      # what gets committed (~4 MB at 40 runs)
+    python milestone.py unpack state.npz resume.pt                         # then: bash command.sh --resume resume.pt
+
+A checkpoint holds every episode's score and length (40 runs x 200k episodes: ~100 MB at the end), too much for git.
+`pack` keeps everything that training reads (the learner's parameters and traces, the games in progress, the random
+generator, the episode counters), bit for bit, and of the history only what the results need: the sums of the score,
+its square and the length over every complete 1,000-episode block (the learning curve, Fig. 2), and the raw scores and
+lengths from the last block boundary at least 1,000 episodes back (the final-1,000 table). `unpack` writes a checkpoint
+that resumes the run exactly; in it, the episodes of the summed blocks hold their block's mean score and lengths that
+keep the block's placements (so per-block means and totals are right, per-episode values inside those blocks are not).
+"""
+
+import json
+import sys
+
+import numpy as np
+import torch
+
+BLOCK = 1000
+
+
+def tail_start(episodes: np.ndarray) -> np.ndarray:
+    """Per run, the first episode kept raw: the last block boundary at least BLOCK episodes before the end."""
+    return np.maximum((episodes - BLOCK) // BLOCK * BLOCK, 0)
+
+
+def pack(ckpt_path: str, out: str):
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    if "state" not in ckpt:
+        raise SystemExit(f"error: {ckpt_path} has no resume state (written before checkpoints resumed exactly)")
+    episodes = ckpt["episodes"].numpy()
+    scores, lengths = ckpt["scores"].numpy().astype(np.float64), ckpt["lengths"].numpy()
+    start = tail_start(episodes)
+    blocks = int(start.max()) // BLOCK
+    R = len(episodes)
+    sums = np.zeros((3, R, blocks))  # score, score^2, length per complete block before the tail
+    width = int((episodes - start).max())
+    tail_scores, tail_lengths = np.zeros((R, width), np.float32), np.zeros((R, width), np.int64)
+    for r in range(R):
+        b = start[r] // BLOCK
+        sc, ln = scores[r, : start[r]].reshape(b, BLOCK), lengths[r, : start[r]].reshape(b, BLOCK)
+        sums[0, r, :b], sums[1, r, :b], sums[2, r, :b] = sc.sum(1), (sc**2).sum(1), ln.sum(1)
+        n = episodes[r] - start[r]
+        tail_scores[r, :n] = ckpt["scores"][r, start[r] : episodes[r]]
+        tail_lengths[r, :n] = lengths[r, start[r] : episodes[r]]
+    state = ckpt["state"]
+    arrays = {f"traces/{k}": v.numpy() for k, v in state["traces"].items()}
+    arrays.update({f"games/{k}": v.numpy() for k, v in state["games"].items()})
+    meta = {k: ckpt[k] for k in ("format", "architecture", "num_runs", "env_id", "args")}
+    meta["device"] = state["device"]
+    np.savez_compressed(
+        out, rng=state["rng"].numpy(), episodes=episodes, block_sums=sums, tail_start=start,
+        tail_scores=tail_scores, tail_lengths=tail_lengths, meta=np.array(json.dumps(meta)), **arrays,
+    )  # fmt: skip
+    print(f"{out}: episodes per run {episodes.min():,}-{episodes.max():,}, {blocks} summed blocks")
+
+
+def unpack(path: str, out: str):
+    z = np.load(path)
+    meta = json.loads(str(z["meta"]))
+    episodes, start, sums = z["episodes"], z["tail_start"], z["block_sums"]
+    R, capacity = len(episodes), int(episodes.max())
+    scores, lengths = np.zeros((R, capacity), np.float32), np.zeros((R, capacity), np.int64)
+    for r in range(R):
+        b = start[r] // BLOCK
+        scores[r, : start[r]] = np.repeat(sums[0, r, :b] / BLOCK, BLOCK)
+        q, extra = np.divmod(sums[2, r, :b].astype(np.int64), BLOCK)  # lengths summing to each block's placements
+        lengths[r, : start[r]] = (q[:, None] + (np.arange(BLOCK) < extra[:, None])).reshape(-1)
+        n = episodes[r] - start[r]
+        scores[r, start[r] : episodes[r]] = z["tail_scores"][r, :n]
+        lengths[r, start[r] : episodes[r]] = z["tail_lengths"][r, :n]
+    traces = {k.split("/", 1)[1]: torch.from_numpy(z[k]) for k in z.files if k.startswith("traces/")}
+    games = {k.split("/", 1)[1]: torch.from_numpy(z[k]) for k in z.files if k.startswith("games/")}
+    if "table" in traces:  # the shallow learner: theta = U + A E, as ShallowTD.parameters computes it
+        table, v, A = traces["table"], traces["v"], traces["A"]
+        Hd = v.shape[1] - 1
+        F_ = table.shape[1] - 1
+        W = torch.addcmul(table[..., :Hd], table[..., Hd:], A.view(-1, 1, 1))
+        params = {"W1": W[:, :F_], "b1": W[:, F_], "w2": v[:, :Hd], "b2": v[:, Hd]}
+    else:
+        raise SystemExit("error: only the shallow network's state is packed")
+    ckpt = {
+        **{k: meta[k] for k in ("format", "architecture", "num_runs", "env_id", "args")},
+        "params": {k: t.clone() for k, t in params.items()},
+        "episodes": torch.from_numpy(episodes),
+        "scores": torch.from_numpy(scores),
+        "lengths": torch.from_numpy(lengths),
+        "state": {"traces": traces, "games": games, "rng": torch.from_numpy(z["rng"]), "device": meta["device"]},
+    }
+    torch.save(ckpt, out)
+    print(f"{out}: resumes at episodes {episodes.min():,}-{episodes.max():,} per run")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4 or sys.argv[1] not in ("pack", "unpack"):
+        raise SystemExit(__doc__)
+    (pack if sys.argv[1] == "pack" else unpack)(sys.argv[2], sys.argv[3])
