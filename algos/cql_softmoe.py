@@ -24,9 +24,10 @@ per checkpoint N, `$store$_{observation,action,reward,terminal}_ckpt.N.gz` (gzip
 clipped rewards), `add_count_ckpt.N.gz` and `invalid_range_ckpt.N.gz`. --data-percent P follows Dopamine's
 fixed-replay path (labs/offline_rl/fixed_replay.py): every checkpoint file is truncated to its first P% of rows (plus
 the stack), and a transition is sampled as Dopamine's OutOfGraphReplayBuffer allows (rows 3.., not in invalid_range,
-no terminal among the three frames before the last of its stack, its n-step window inside the rows read). Dopamine
-loads 5 random checkpoint files per iteration; this script keeps every chosen file in memory at once, so every
-iteration samples from the whole subset. The observations are streamed from the gzip only up to the rows needed.
+no terminal among the three frames before the last of its stack, its n-step window inside the rows read and not
+across the write cursor). Dopamine loads 5 random checkpoint files per iteration; this script keeps every chosen file in
+memory at once, so every iteration samples from the whole subset. The observations are streamed from the gzip only up
+to the rows needed; at 100% (or with --verify-dataset) every file is read to its end, where its CRC-32 is checked.
 
 The paper's offline setting (Impala, Soft MoE with 8 experts, 5% of a DQN Replay Dataset run):
     python algos/cql_softmoe.py --agent cql --env-id ALE/Pong-v5 --dataset-dir dqn_replay/Pong/1/replay_logs
@@ -38,6 +39,7 @@ a dataset of your own, with no download:
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import difflib
 import gzip
@@ -112,6 +114,9 @@ class Args:
     checkpoints: str = "all"
     """which checkpoint files to read: 'all', a list '0,1,7' or a range '40-49' (later files hold later, better
     policies' data)"""
+    verify_dataset: bool = False
+    """below 100%: read every chosen file to its end once (the whole gzip is decompressed, the time is printed), so
+    its CRC-32 and length are checked; at 100% this always happens (docs/cql_dataset_integrity.md)"""
 
     # --- environment of the online evaluation (ale_py.AtariVectorEnv) ---
     env_id: str = "ALE/Pong-v5"
@@ -334,6 +339,9 @@ class DatasetError(ValueError):
     """A missing, truncated or malformed dataset file: one line that names it."""
 
 
+REFETCH = "download it again, or write it again with dqn_softmoe.py --save-replay"
+
+
 def store_path(directory: str, name: str, checkpoint: int) -> str:
     """`$store$_observation_ckpt.7.gz`, ... for the arrays; `add_count_ckpt.7.gz`, `invalid_range_ckpt.7.gz`."""
     prefix = "$store$_" if name in STORE else ""
@@ -353,41 +361,45 @@ def parse_checkpoints(spec: str) -> list[int] | str | None:
         return None
 
 
-def read_npy_header(path: str, f) -> tuple[tuple, np.dtype]:
-    """The shape and dtype of the .npy stream f (gzip-decompressed), leaving f at the first data byte."""
-    try:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-    except (OSError, EOFError, ValueError) as err:
-        raise DatasetError(f"{path}: not a gzipped .npy file ({type(err).__name__}: {err})") from None
-    if fortran:
-        raise DatasetError(f"{path}: Fortran-ordered array; the dataset's files are C-ordered")
-    return shape, dtype
-
-
-def read_rows(path: str, rows: int | None = None) -> np.ndarray:
-    """The first `rows` rows (all when None) of a gzipped .npy file, streamed: only those bytes are decompressed."""
-    if not os.path.isfile(path):
-        raise DatasetError(f"{path}: missing")
+@contextlib.contextmanager
+def open_npy(path: str):
+    """(f, shape, dtype) of a gzipped .npy file, f at its first data byte. Any error while the file is read (zlib,
+    EOF, gzip CRC, a header numpy cannot parse) becomes one DatasetError line that names the file."""
     try:
         with gzip.open(path, "rb") as f:
-            shape, dtype = read_npy_header(path, f)
-            count = shape[0] if shape and rows is None else (min(rows, shape[0]) if shape else 1)
-            out = np.empty((count,) + tuple(shape[1:]), dtype=dtype)
-            view = memoryview(out.reshape(-1).view(np.uint8))
-            done = 0
-            while done < len(view):  # readinto in chunks: the gzip module fills at most its buffer per call
-                got = f.readinto(view[done : done + (64 << 20)])
-                if not got:
-                    raise EOFError(f"file ends after {done:,} of {len(view):,} bytes")
-                done += got
-    except (EOFError, OSError, gzip.BadGzipFile) as err:
-        raise DatasetError(
-            f"{path}: truncated or corrupt gzip ({type(err).__name__}: {err}); download it again"
-        ) from None
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(f)
+            if fortran:
+                raise DatasetError(f"{path}: Fortran-ordered array; the dataset's files are C-ordered")
+            yield f, shape, dtype
+    except DatasetError:
+        raise
+    except Exception as err:  # zlib.error, EOFError, a failed CRC (OSError), numpy's header parser's errors
+        message = " ".join(str(err).split())  # numpy's header errors span lines
+        raise DatasetError(f"{path}: truncated or corrupt gzip ({type(err).__name__}: {message}); {REFETCH}") from None
+
+
+def read_rows(path: str, rows: int | None = None, to_end: bool = False) -> np.ndarray:
+    """The first `rows` rows (all when None) of a gzipped .npy file, streamed: only those bytes are decompressed,
+    unless they are all the rows or to_end is set: then the file is read to its end, where gzip checks its CRC-32."""
+    if not os.path.isfile(path):
+        raise DatasetError(f"{path}: missing")
+    with open_npy(path) as (f, shape, dtype):
+        count = shape[0] if shape and rows is None else (min(rows, shape[0]) if shape else 1)
+        out = np.empty((count,) + tuple(shape[1:]), dtype=dtype)
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        done = 0
+        while done < len(view):  # readinto in chunks: the gzip module fills at most its buffer per call
+            got = f.readinto(view[done : done + (64 << 20)])
+            if not got:
+                raise EOFError(f"file ends after {done:,} of {len(view):,} bytes")
+            done += got
+        whole = math.prod(shape) * dtype.itemsize
+        if to_end or done == whole:
+            rest = sum(len(chunk) for chunk in iter(lambda: f.read(64 << 20), b""))
+            if done + rest != whole:
+                raise EOFError(f"{done + rest:,} data bytes, its header says {whole:,}")
     return out if shape else out.reshape(())
 
 
@@ -430,16 +442,21 @@ def inspect_dataset(args: Args) -> list[CheckpointFile]:
             path = store_path(directory, name, index)
             if not os.path.isfile(path):
                 raise DatasetError(f"{path}: missing (checkpoint {index} is incomplete)")
-            with gzip.open(path, "rb") as f:
-                shape, found_dtype = read_npy_header(path, f)
+            with open_npy(path) as (_, shape, found_dtype):
+                pass  # the header only
             if found_dtype != np.dtype(dtype) or len(shape) != 1 + len(row_shape) or tuple(shape[1:]) != row_shape:
                 expected = "(rows" + "".join(f", {d}" for d in row_shape) + ")"
                 raise DatasetError(f"{path}: {found_dtype} {tuple(shape)}, expected {np.dtype(dtype)} {expected}")
             if capacity is not None and shape[0] != capacity:
-                raise DatasetError(f"{path}: {shape[0]:,} rows, but the checkpoint's observations have {capacity:,}")
+                first = store_path(directory, "observation", index)
+                raise DatasetError(f"{path}: {shape[0]:,} rows, but {first} has {capacity:,}; {REFETCH}")
             capacity = shape[0]
-        add_count = int(read_rows(store_path(directory, "add_count", index)))
-        invalid_range = np.asarray(read_rows(store_path(directory, "invalid_range", index)), dtype=np.int64)
+        add_count, invalid_range = (read_rows(store_path(directory, n, index)) for n in ("add_count", "invalid_range"))
+        for name, array, ndim in (("add_count", add_count, 0), ("invalid_range", invalid_range, 1)):
+            if array.ndim != ndim or array.dtype.kind not in "iu" or (array < 0).any():
+                path = store_path(directory, name, index)
+                raise DatasetError(f"{path}: {array.dtype} {array.shape}, expected {ndim}-d integers >= 0; {REFETCH}")
+        add_count, invalid_range = int(add_count), invalid_range.astype(np.int64)
         rows = min(capacity, math.ceil(capacity * args.data_percent / 100) + STACK)
         files.append(CheckpointFile(index, capacity, add_count, invalid_range, rows))
     return files
@@ -455,10 +472,10 @@ class OfflineReplay:
     OutOfGraphReplayBuffer would sample. Row i holds frame o_i, action a_i, clipped reward r_{i+1} and whether s_{i+1}
     is terminal; an episode starts with three all-zero padding rows, so a stack never needs masking. Index i may be
     sampled when: i >= 3 (its stack is in the rows read), its n-step window i..i+n-1 and s_{i+n} are in the rows read
-    (and below the file's write cursor if the file is not full), i is not in the file's invalid_range, and none of the
-    rows i-3..i-1 is terminal (a terminal may only end a stack)."""
+    (and below the file's write cursor if the file is not full), rows i-3..i+n do not straddle the write cursor, i is
+    not in the file's invalid_range, and none of the rows i-3..i-1 is terminal (a terminal may only end a stack)."""
 
-    def __init__(self, directory: str, files: list[CheckpointFile], n_step: int):
+    def __init__(self, directory: str, files: list[CheckpointFile], n_step: int, to_end: bool = False):
         total = sum(f.rows for f in files)
         self.frames = np.empty((total,) + FRAME_SHAPE, dtype=np.uint8)
         self.actions = np.empty(total, dtype=np.int64)
@@ -467,10 +484,10 @@ class OfflineReplay:
         indices, start = [], 0
         for f in files:
             end = start + f.rows
-            self.frames[start:end] = read_rows(store_path(directory, "observation", f.index), f.rows)
-            self.actions[start:end] = read_rows(store_path(directory, "action", f.index), f.rows)
-            self.rewards[start:end] = read_rows(store_path(directory, "reward", f.index), f.rows)
-            self.terminals[start:end] = read_rows(store_path(directory, "terminal", f.index), f.rows) != 0
+            self.frames[start:end] = read_rows(store_path(directory, "observation", f.index), f.rows, to_end)
+            self.actions[start:end] = read_rows(store_path(directory, "action", f.index), f.rows, to_end)
+            self.rewards[start:end] = read_rows(store_path(directory, "reward", f.index), f.rows, to_end)
+            self.terminals[start:end] = read_rows(store_path(directory, "terminal", f.index), f.rows, to_end) != 0
             indices.append(start + self.sample_indices(f, self.terminals[start:end], n_step))
             start = end
         self.indices = np.concatenate(indices)
@@ -485,6 +502,10 @@ class OfflineReplay:
         i = np.arange(STACK - 1, f.rows - n_step)  # the stack and s_{i+n} inside the rows read
         if f.add_count < f.capacity:  # a file that was never full: only rows below the write cursor hold data
             i = i[i < f.add_count - n_step]
+        # Dopamine's [cursor - capacity + 3, cursor - n) mod capacity (max_id = cursor - update_horizon) for any n: the
+        # invalid_range of the file was written for the logging agent's n = 1
+        age = (i - f.add_count) % f.capacity  # rows since the write cursor, the oldest row
+        i = i[(age >= STACK - 1) & (age < f.capacity - n_step)]
         i = i[~np.isin(i, f.invalid_range % f.capacity)]
         after_terminal = np.zeros(len(i), dtype=bool)
         for back in range(1, STACK):
@@ -534,7 +555,11 @@ def load_dataset(args: Args, num_actions: int) -> OfflineReplay:
             f"the chosen subset needs {needed / 1e9:.1f} GB plus 1 GB headroom but this machine has "
             f"{available / 1e9:.1f} GB; lower --data-percent{fewer}"
         )
-    replay = OfflineReplay(directory, files, args.n_step)
+    t_read = time.perf_counter()
+    replay = OfflineReplay(directory, files, args.n_step, args.verify_dataset)
+    if args.verify_dataset:
+        seconds = time.perf_counter() - t_read
+        print(f"dataset: --verify-dataset read every file to its end (CRC-32 checked) in {fmt_time(seconds)}")
     if replay.actions.max(initial=0) >= num_actions:
         raise DatasetError(
             f"{directory}: actions up to {int(replay.actions.max())} but {args.env_id} has {num_actions}; is --env-id "

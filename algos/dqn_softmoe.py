@@ -1288,17 +1288,24 @@ def remove_stale_replays(checkpoint_path: str, keep: str):
 
 
 def load_replay(checkpoint_path: str, name: str) -> dict[str, np.ndarray]:
-    """The replay memory the checkpoint names (`name`, a file beside it)."""
+    """The replay memory the checkpoint names (`name`, a file beside it), whole or not at all: the zip checks each
+    array's CRC-32 as it is read, and a file that lacks one of the memory's arrays (a damaged zip index) is refused."""
     path = os.path.join(os.path.dirname(checkpoint_path), os.path.basename(name))
     try:
         with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
+            state = {k: data[k] for k in data.files}
+        if missing := sorted({*FrameReplay.ARRAYS, "pointers"} - set(state)):
+            raise ValueError(f"no {', '.join(missing)} array")
     except FileNotFoundError:
         raise ValueError(
             f"--resume {checkpoint_path!r} was saved with its replay memory, but {path!r} is missing"
         ) from None
-    except Exception as err:  # noqa: BLE001  (a truncated or corrupt file)
-        raise ValueError(f"--resume: the replay memory {path!r} is not readable ({type(err).__name__})") from None
+    except Exception as err:  # zipfile.BadZipFile, EOFError, numpy's header parser's errors, missing arrays
+        raise ValueError(
+            f"--resume: the replay memory {path!r} is truncated or corrupt ({type(err).__name__}: "
+            f"{' '.join(str(err).split())}); restore it from a copy, or start the run again"
+        ) from None
+    return state
 
 
 class EpisodeVideo:

@@ -60,8 +60,10 @@ def write_checkpoint(directory, index, episodes, capacity, add_count=None, inval
     return rows[:capacity]
 
 
-def load(directory, n_step=1, **kw):
-    args = cql.Args(env_id="ALE/Breakout-v5", dataset_dir=str(directory), data_percent=100.0, n_step=n_step, **kw)
+def load(directory, n_step=1, data_percent=100.0, **kw):
+    args = cql.Args(
+        env_id="ALE/Breakout-v5", dataset_dir=str(directory), data_percent=data_percent, n_step=n_step, **kw
+    )
     return cql.load_dataset(args, num_actions=4)
 
 
@@ -256,7 +258,7 @@ def test_agents_set_what_table_3_says():
 # ----------------------------------------------------------------------------------------------------------------------
 def bad_dataset_error(directory, **kw) -> str:
     with pytest.raises(SystemExit) as err:
-        cql.main(cql.Args(env_id="ALE/Breakout-v5", dataset_dir=str(directory), data_percent=100.0, **kw))
+        cql.main(cql.Args(**{"env_id": "ALE/Breakout-v5", "dataset_dir": str(directory), "data_percent": 100.0, **kw}))
     message = str(err.value)
     assert message.startswith("error: ") and "\n" not in message
     return message
@@ -299,6 +301,97 @@ def test_each_bad_file_gives_one_line_naming_it(tmp_path, monkeypatch):
     monkeypatch.setattr(cql, "physical_memory_bytes", lambda: 2**30)
     assert "lower --data-percent" in bad_dataset_error(good)
     assert not (tmp_path / "runs").exists()  # nothing was written
+
+
+@pytest.fixture
+def no_training(tmp_path, monkeypatch):
+    """cwd = tmp_path, and the test fails the moment a run would start (its directory, then training)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cql, "start_run", lambda *a, **k: pytest.fail("training started on a bad dataset"))
+
+
+@pytest.mark.parametrize("n_step", sorted({agent["n_step"] for agent in cql.AGENTS.values()}))
+@pytest.mark.parametrize("data_percent", [100.0, 50.0])
+def test_nstep_window_never_straddles_the_write_cursor(tmp_path, n_step, data_percent):
+    """Dopamine draws i from [cursor - capacity + 3, cursor - n) mod capacity (max_id = cursor - update_horizon), then
+    rejects the file's invalid_range, which the logging agent wrote for its n = 1 (cursor - 1 .. cursor + 3)."""
+    capacity, cursor = 60, 20
+    write_checkpoint(tmp_path, 0, [40, 12], capacity=capacity, add_count=3 * capacity + cursor)  # full; cursor in ep. 1
+    replay = load(tmp_path, n_step=n_step, data_percent=data_percent)
+    rows = len(replay.frames)
+    assert cursor < rows  # the cursor lies inside the rows read
+    window = {(cursor - capacity + 3 + k) % capacity for k in range(capacity - 3 - n_step)}
+    invalid = {(cursor - 1 + k) % capacity for k in range(5)}
+    expected = {i for i in window - invalid if 3 <= i < rows - n_step and not replay.terminals[i - 3 : i].any()}
+    assert set(replay.indices.tolist()) == expected and cursor - n_step - 1 in expected
+    batch = replay.sample(2000, np.random.default_rng(0), n_step=n_step)
+    age = (batch["rows"][:, None] + np.arange(-3, n_step + 1) - cursor) % capacity  # rows since the cursor, oldest
+    assert (np.diff(age, axis=1) == 1).all()  # the stack, the n-step window and s_{t+n}: one stretch of time
+
+
+def test_flipped_gzip_byte_never_gives_wrong_data(tmp_path):
+    """At 100% every file is read to its end, where gzip checks the CRC-32 and length of what it decoded: any flipped
+    byte or cut is one DatasetError line naming the file, or (gzip header's timestamp) changes nothing."""
+    write_checkpoint(tmp_path, 0, [7, 9, 6], capacity=40, add_count=55)
+    good = load(tmp_path)
+    path = cql.store_path(str(tmp_path), "observation", 0)
+    data = open(path, "rb").read()
+    damaged = [data[:i] + bytes([data[i] ^ 0x55]) + data[i + 1 :] for i in range(len(data))]
+    damaged += [data[:cut] for cut in range(len(data))]
+    for bad in damaged:
+        open(path, "wb").write(bad)
+        try:
+            replay = load(tmp_path)
+        except cql.DatasetError as err:
+            assert str(err).startswith(f"{path}: ") and "\n" not in str(err)
+            continue
+        for name in ("frames", "actions", "rewards", "terminals", "indices"):
+            np.testing.assert_array_equal(getattr(replay, name), getattr(good, name))
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "zeroed bytes", "flipped crc", "cut inside", "cut trailer"])
+def test_corrupt_gzip_is_one_line_error_naming_the_file_and_nothing_is_trained(tmp_path, no_training, damage):
+    """A flipped byte in the deflate block's code tables (a zlib error), 64 zeroed bytes that still decode (to wrong
+    bytes), a wrong CRC-32, a stream cut inside or in its trailer: the observations of a 512-byte file."""
+    write_checkpoint(tmp_path / "data", 0, [7, 9, 6], capacity=40)
+    path = cql.store_path(str(tmp_path / "data"), "observation", 0)
+    data, mid = open(path, "rb").read(), 200
+    data = {"flipped byte": data[:60] + bytes([data[60] ^ 1]) + data[61:],
+            "zeroed bytes": data[:mid] + bytes(64) + data[mid + 64 :],
+            "flipped crc": data[:-8] + bytes([data[-8] ^ 1]) + data[-7:],
+            "cut inside": data[:mid], "cut trailer": data[:-4]}[damage]  # fmt: skip
+    open(path, "wb").write(data)
+    assert bad_dataset_error(tmp_path / "data").startswith(f"error: {path}: truncated or corrupt gzip (")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_verify_dataset_reads_every_file_whole_below_100_percent(tmp_path, no_training, capsys):
+    write_checkpoint(tmp_path / "data", 0, [7, 9, 6], capacity=40)
+    load(tmp_path / "data", data_percent=10.0, verify_dataset=True)
+    assert "--verify-dataset read every file to its end (CRC-32 checked) in 0h00m0" in capsys.readouterr().out
+    path = cql.store_path(str(tmp_path / "data"), "reward", 0)
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:-8] + bytes([data[-8] ^ 1]) + data[-7:])  # the CRC of the rows not read
+    load(tmp_path / "data", data_percent=10.0)  # not verified: only the rows read are decoded
+    message = bad_dataset_error(tmp_path / "data", data_percent=10.0, verify_dataset=True)
+    assert message.startswith(f"error: {path}: truncated or corrupt gzip (BadGzipFile: CRC check failed")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "name, array",
+    [("add_count", np.array([30, 30])), ("add_count", np.array(30.0)), ("add_count", np.array(-1)),
+     ("invalid_range", np.zeros((5, 1), np.int64)), ("invalid_range", np.zeros(5, np.float32))],
+)  # fmt: skip
+def test_bad_add_count_or_invalid_range_is_one_line_error_naming_the_file(tmp_path, no_training, name, array):
+    write_checkpoint(tmp_path / "data", 0, [7, 9, 6], capacity=40)
+    path = cql.store_path(str(tmp_path / "data"), name, 0)
+    write_gz(path, array)
+    message = bad_dataset_error(tmp_path / "data")
+    assert message.startswith(
+        f"error: {path}: {array.dtype} {array.shape}, expected {int(name == 'invalid_range')}-d integers"
+    )
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize(

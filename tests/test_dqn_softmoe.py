@@ -821,6 +821,30 @@ def test_a_kill_between_the_replay_and_the_checkpoint_write_leaves_a_consistent_
     assert names == [torch.load(resumed["checkpoint"], weights_only=True)["replay"]] == [f"{dqn.SCRIPT}_replay_400.npz"]
 
 
+def test_a_corrupt_or_truncated_replay_file_is_a_one_line_error_at_resume(tmp_path, monkeypatch):
+    """The memory is restored whole or not at all: a flipped byte (the zip's CRC-32), a cut file or a file that lacks
+    an array (a damaged zip index) stops the resume with one line naming the file, before a run directory is made."""
+    monkeypatch.chdir(tmp_path)
+    kw = dict(moe="none", encoder="nature", total_timesteps=50, learning_starts=1000, save_model=True)
+    kw["checkpoint_replay"] = True
+    path = run(**kw)["checkpoint"]
+    replay = os.path.join(os.path.dirname(path), torch.load(path, weights_only=True)["replay"])
+    good, arrays = open(replay, "rb").read(), dict(np.load(replay))
+    runs, mid = sorted(os.listdir("runs")), len(good) // 2
+    damages = {"BadZipFile: Bad CRC-32": good[:mid] + bytes([good[mid] ^ 1]) + good[mid + 1 :],
+               "BadZipFile: File is not a zip file": good[:-100], "ValueError: no history array": None}  # fmt: skip
+    for cause, damage in damages.items():
+        if damage is None:
+            np.savez(replay, **{k: v for k, v in arrays.items() if k != "history"})
+        else:
+            open(replay, "wb").write(damage)
+        with pytest.raises(SystemExit) as err:
+            run(**dict(kw, total_timesteps=100, resume=path))
+        message = str(err.value)
+        assert message.startswith(f"error: --resume: the replay memory {replay!r} is truncated or corrupt ({cause}")
+        assert "\n" not in message and sorted(os.listdir("runs")) == runs
+
+
 def test_a_checkpoint_of_another_script_is_refused_with_its_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     torch.save({"format": "rainbow_softmoe/2", "architecture": {}}, tmp_path / "other.pt")

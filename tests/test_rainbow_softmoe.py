@@ -446,6 +446,29 @@ def test_resume_with_the_replay_memory_keeps_the_priorities(tmp_path, monkeypatc
     assert resumed["start_step"] == 200 and resumed["updates"] == first["updates"] + int(59 * 0.25)
 
 
+def test_a_corrupt_or_truncated_replay_file_is_a_one_line_error_at_resume(tmp_path, monkeypatch):
+    """The memory is restored whole or not at all: a flipped byte (the zip's CRC-32), a cut file or a file that lacks
+    an array (a damaged zip index) stops the resume with one line naming the file, before a run directory is made."""
+    monkeypatch.chdir(tmp_path)
+    kw = dict(SMALL, total_timesteps=50, learning_starts=1000, save_model=True, checkpoint_replay=True)
+    path = run(**kw)["checkpoint"]
+    replay = os.path.join(os.path.dirname(path), torch.load(path, weights_only=True)["replay"])
+    good, arrays = open(replay, "rb").read(), dict(np.load(replay))
+    runs, mid = sorted(os.listdir("runs")), len(good) // 2
+    damages = {"BadZipFile: Bad CRC-32": good[:mid] + bytes([good[mid] ^ 1]) + good[mid + 1 :],
+               "BadZipFile: File is not a zip file": good[:-100], "ValueError: no history array": None}  # fmt: skip
+    for cause, damage in damages.items():
+        if damage is None:
+            np.savez(replay, **{k: v for k, v in arrays.items() if k != "history"})
+        else:
+            open(replay, "wb").write(damage)
+        with pytest.raises(SystemExit) as err:
+            run(**dict(kw, total_timesteps=100, resume=path))
+        message = str(err.value)
+        assert message.startswith(f"error: --resume: the replay memory {replay!r} is truncated or corrupt ({cause}")
+        assert "\n" not in message and sorted(os.listdir("runs")) == runs
+
+
 def test_the_analysis_leaves_the_training_run_unchanged(tmp_path, monkeypatch):
     """DrQ(eps) draws augmentations from torch's generator and batches from the run's: the analysis uses its own."""
     monkeypatch.chdir(tmp_path)
