@@ -311,7 +311,7 @@ def make_env(args: Args, rom: str, num_envs: int):
         num_envs,
         num_threads=min(num_envs, os.cpu_count() or 1),
         repeat_action_probability=0.25 if sticky else 0.0,
-        noop_max=0 if sticky else 30,  # ale_py draws 0 .. noop_max - 1 no-ops at every reset
+        noop_max=30 if args.protocol == "nature" else 0,  # 0-29 emulator frames; atari100k: EpisodeTracker's steps
         life_loss_info=life_loss,
         episodic_life=False,
         use_fire_reset=False,
@@ -587,9 +587,14 @@ class EpisodeTracker:
     counted as an agent step. A reset step is recognised from the previous step's flags and, as a safeguard, from
     the episode frame counter going backwards. With a life-loss protocol a lost life is terminal for learning and the
     agent starts a new stack (Dopamine's agent resets its state), while the game and its return go on.
+    With `noop_steps` (Atari 100k), every episode starts with k ~ U{0, ..., noop_steps - 1} agent steps of action 0
+    (`actions` substitutes them) that are neither learned from, counted nor scored, and the agent's first stack
+    starts after them, as in Dopamine's DataEfficientAtariRunner._initialize_episode.
     """
 
-    def __init__(self, num_envs: int, life_loss_terminal: bool, truncation_is_terminal: bool, info: dict):
+    def __init__(self, num_envs, life_loss_terminal, truncation_is_terminal, info, noop_steps=0, rng=None):
+        self.noop_steps, self.rng = noop_steps, rng
+        self.noops = self.rng.integers(0, noop_steps, num_envs) if noop_steps else np.zeros(num_envs, dtype=np.int64)
         self.life_loss_terminal = life_loss_terminal
         self.truncation_is_terminal = truncation_is_terminal
         self.reset_next = np.zeros(num_envs, dtype=bool)
@@ -599,11 +604,16 @@ class EpisodeTracker:
         self.returns = np.zeros(num_envs)
         self.lengths = np.zeros(num_envs, dtype=np.int64)
 
+    def actions(self, actions: np.ndarray) -> np.ndarray:
+        """What the envs are sent: action 0 where an episode's no-op start is still under way."""
+        return np.where(self.noops > 0, 0, actions).astype(actions.dtype)
+
     def step(self, rewards, terminated, truncated, info) -> Step:
         frame_number, lives = np.asarray(info["episode_frame_number"]), np.asarray(info["lives"])
         reset_step = self.reset_next | (frame_number < self.frame_number)
         finished = [(k, self.returns[k], self.lengths[k]) for k in np.flatnonzero(reset_step & ~self.reset_next)]
-        acted = ~reset_step
+        noop = ~reset_step & (self.noops > 0)
+        acted = ~reset_step & ~noop
         life_lost = (lives < self.lives) & (lives > 0)
         terminal = acted & (terminated | (truncated & self.truncation_is_terminal))
         cut = acted & truncated & ~terminated & (not self.truncation_is_terminal)  # the time limit, not the game
@@ -614,9 +624,12 @@ class EpisodeTracker:
         finished += [(k, self.returns[k], self.lengths[k]) for k in np.flatnonzero(episode_over)]
         for k, _, _ in finished:
             self.returns[k], self.lengths[k] = 0.0, 0
-        new_stack = reset_step | (terminal & ~episode_over)  # a new episode, or a lost life that is terminal
+        new_stack = reset_step | noop | (terminal & ~episode_over)  # a new episode, or a lost life that is terminal
         self.stack_steps = np.where(new_stack, 0, self.stack_steps + 1)
-        self.reset_next = episode_over
+        self.reset_next = episode_over | (noop & (truncated | (terminated & ~life_lost)))
+        self.noops -= noop
+        if self.noop_steps and reset_step.any():
+            self.noops[reset_step] = self.rng.integers(0, self.noop_steps, int(reset_step.sum()))
         self.lives, self.frame_number = lives.copy(), frame_number.copy()
         finished = [(int(k), float(r), int(n)) for k, r, n in finished]
         return Step(acted, terminal, acted & ~cut, history, finished)
@@ -1355,7 +1368,8 @@ def evaluate(q_net, args: Args, rom: str, device, rng: np.random.Generator, vide
     envs = make_env(args, rom, num_envs)
     num_actions = int(envs.single_action_space.n)
     obs, info = envs.reset(seed=args.seed + 1_000_003)
-    tracker = EpisodeTracker(num_envs, args.protocol != "dopamine", args.truncation_is_terminal, info)
+    noop_steps = 30 if args.protocol == "atari100k" else 0
+    tracker = EpisodeTracker(num_envs, args.protocol != "dopamine", args.truncation_is_terminal, info, noop_steps, rng)
     results, steps = [], 0
     live = np.ones(num_envs, dtype=bool)
     frames = [] if video_path else None
@@ -1363,7 +1377,7 @@ def evaluate(q_net, args: Args, rom: str, device, rng: np.random.Generator, vide
         while live.any() and (args.eval_episodes or steps < args.eval_steps):
             actions = np.zeros(num_envs, dtype=np.int32)
             actions[live] = select_actions(q_net, obs[live], args.eval_epsilon, rng, num_actions, device)
-            next_obs, rewards, terminated, truncated, info = envs.step(actions)
+            next_obs, rewards, terminated, truncated, info = envs.step(tracker.actions(actions))
             step = tracker.step(rewards, terminated, truncated, info)
             steps += int((step.acted & live).sum())
             if frames is not None:

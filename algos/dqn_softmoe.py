@@ -116,8 +116,9 @@ class Args:
     """Gymnasium ALE id, ALE/<Game>-v5; the protocol is set by --protocol, not by the id"""
     protocol: Literal["dopamine", "nature", "atari100k"] = "dopamine"
     """dopamine: sticky actions 0.25, no no-op starts, episode ends at game over (the paper's setting);
-    nature: no sticky actions, up to 30 no-op starts, a lost life is terminal for learning; atari100k: no sticky
-    actions, 0-29 no-ops at every game start, a lost life is terminal for learning (Dopamine's Atari-100k runner).
+    nature: no sticky actions, 0-29 no-op frames at every game start, a lost life is terminal for learning; atari100k:
+    no sticky actions, 0-29 no-op agent steps at every game start, a lost life is terminal for learning (Dopamine's
+    Atari-100k runner).
     A lost life that is terminal starts a new frame stack, as Dopamine's agent does; returns are whole games"""
     num_envs: int = 1
     """environments stepped together; the number of gradient updates per environment step stays --replay-ratio"""
@@ -137,6 +138,10 @@ class Args:
     """Adam learning rate"""
     adam_eps: float = 1.5e-4
     """Adam epsilon"""
+    phi_adam_eps: float | None = None
+    """an ablation, off by default: Adam's epsilon for Soft MoE's Phi alone (the rest keeps --adam-eps). At
+    initialisation Phi's gradient is far below eps = 1.5e-4 (~1e-7 RMS for the Nature CNN with 4 experts), so Adam
+    moves Phi at a small fraction of the learning rate; logged as losses/phi_grad_rms"""
     buffer_size: int = 1_000_000
     """replay capacity in transitions (Dopamine replay_capacity), shared evenly by the environments"""
     gamma: float = 0.99
@@ -233,6 +238,10 @@ def validate_network(args: Args) -> str | None:
             return "--width-multiplier widens the --moe none baseline; scale an MoE with --num-experts"
     if args.moe != "softmoe" and (args.random_phi or args.moe_normalize):
         return "--random-phi and --moe-normalize act on Soft MoE's Phi; they need --moe softmoe"
+    if args.phi_adam_eps is not None and (args.moe != "softmoe" or args.random_phi or not args.phi_adam_eps > 0):
+        return (
+            "--phi-adam-eps sets a positive eps for Soft MoE's learned Phi; it needs --moe softmoe without --random-phi"
+        )
     if args.moe != "top1" and args.load_balance_coef != 0:
         return "--load-balance-coef needs --moe top1 (Soft MoE has no router to balance)"
     if args.width_multiplier < 1 or args.load_balance_coef < 0:
@@ -285,9 +294,9 @@ def validate_common(args) -> str | None:
 def make_env(args: Args, rom: str, num_envs: int):
     """ale_py's vector env with the chosen protocol. Rewards come back unclipped (the agent clips them) and each
     observation is a (4, 84, 84) uint8 stack whose frames before the episode start are zero, as in Dopamine.
-    Two small differences from Dopamine's runner remain: ale_py's no-op start is 0-29 emulator frames where Dopamine
-    takes 0-29 agent steps (0-116 frames), and a lost life does not cut the 4-frame skip short (Dopamine's
-    AtariPreprocessing stops at the lost life)."""
+    No-op starts: 0-29 emulator frames (ale_py) under `nature`; 0-29 agent steps under `atari100k`, as Dopamine's
+    100k runner takes them (EpisodeTracker). One difference from Dopamine remains: a lost life does not cut the
+    4-frame skip short (its AtariPreprocessing stops at the lost life: 1-3 frames fewer on that step)."""
     sticky = args.protocol == "dopamine"
     life_loss = args.protocol != "dopamine"
     return ale_py.AtariVectorEnv(
@@ -295,7 +304,7 @@ def make_env(args: Args, rom: str, num_envs: int):
         num_envs,
         num_threads=min(num_envs, os.cpu_count() or 1),
         repeat_action_probability=0.25 if sticky else 0.0,
-        noop_max=0 if sticky else 30,  # ale_py draws 0 .. noop_max - 1 no-ops at every reset
+        noop_max=30 if args.protocol == "nature" else 0,  # 0-29 emulator frames; atari100k: EpisodeTracker's steps
         life_loss_info=life_loss,  # terminated on a lost life, but the game goes on (no reset)
         episodic_life=False,
         use_fire_reset=False,
@@ -446,9 +455,14 @@ class EpisodeTracker:
     counted as an agent step. A reset step is recognised from the previous step's flags and, as a safeguard, from
     the episode frame counter going backwards. With a life-loss protocol a lost life is terminal for learning and the
     agent starts a new stack (Dopamine's agent resets its state), while the game and its return go on.
+    With `noop_steps` (Atari 100k), every episode starts with k ~ U{0, ..., noop_steps - 1} agent steps of action 0
+    (`actions` substitutes them) that are neither learned from, counted nor scored, and the agent's first stack
+    starts after them, as in Dopamine's DataEfficientAtariRunner._initialize_episode.
     """
 
-    def __init__(self, num_envs: int, life_loss_terminal: bool, truncation_is_terminal: bool, info: dict):
+    def __init__(self, num_envs, life_loss_terminal, truncation_is_terminal, info, noop_steps=0, rng=None):
+        self.noop_steps, self.rng = noop_steps, rng
+        self.noops = self.rng.integers(0, noop_steps, num_envs) if noop_steps else np.zeros(num_envs, dtype=np.int64)
         self.life_loss_terminal = life_loss_terminal
         self.truncation_is_terminal = truncation_is_terminal
         self.reset_next = np.zeros(num_envs, dtype=bool)
@@ -458,11 +472,16 @@ class EpisodeTracker:
         self.returns = np.zeros(num_envs)
         self.lengths = np.zeros(num_envs, dtype=np.int64)
 
+    def actions(self, actions: np.ndarray) -> np.ndarray:
+        """What the envs are sent: action 0 where an episode's no-op start is still under way."""
+        return np.where(self.noops > 0, 0, actions).astype(actions.dtype)
+
     def step(self, rewards, terminated, truncated, info) -> Step:
         frame_number, lives = np.asarray(info["episode_frame_number"]), np.asarray(info["lives"])
         reset_step = self.reset_next | (frame_number < self.frame_number)
         finished = [(k, self.returns[k], self.lengths[k]) for k in np.flatnonzero(reset_step & ~self.reset_next)]
-        acted = ~reset_step
+        noop = ~reset_step & (self.noops > 0)
+        acted = ~reset_step & ~noop
         life_lost = (lives < self.lives) & (lives > 0)
         terminal = acted & (terminated | (truncated & self.truncation_is_terminal))
         cut = acted & truncated & ~terminated & (not self.truncation_is_terminal)  # the time limit, not the game
@@ -473,9 +492,12 @@ class EpisodeTracker:
         finished += [(k, self.returns[k], self.lengths[k]) for k in np.flatnonzero(episode_over)]
         for k, _, _ in finished:
             self.returns[k], self.lengths[k] = 0.0, 0
-        new_stack = reset_step | (terminal & ~episode_over)  # a new episode, or a lost life that is terminal
+        new_stack = reset_step | noop | (terminal & ~episode_over)  # a new episode, or a lost life that is terminal
         self.stack_steps = np.where(new_stack, 0, self.stack_steps + 1)
-        self.reset_next = episode_over
+        self.reset_next = episode_over | (noop & (truncated | (terminated & ~life_lost)))
+        self.noops -= noop
+        if self.noop_steps and reset_step.any():
+            self.noops[reset_step] = self.rng.integers(0, self.noop_steps, int(reset_step.sum()))
         self.lives, self.frame_number = lives.copy(), frame_number.copy()
         finished = [(int(k), float(r), int(n)) for k, r, n in finished]
         return Step(acted, terminal, acted & ~cut, history, finished)
@@ -856,6 +878,20 @@ def dqn_loss(q_net, target_net, batch: dict, args: Args):
     return td_loss + args.load_balance_coef * aux_loss, metrics | {"per_sample_loss": per_sample, "aux": aux}
 
 
+def make_optimizer(q_net, args: Args) -> torch.optim.Adam:
+    """Adam with --adam-eps; with --phi-adam-eps, Soft MoE's Phi in a parameter group of its own with that eps.
+    fused=True: Adam's update in one vectorised pass over each tensor instead of ~10 elementwise ops (same maths, 4x
+    faster on CPU, where the unfused step of the 4M-parameter net took a quarter of each update)."""
+    params = q_net.parameters()
+    if args.phi_adam_eps is not None:
+        phi = q_net.moe.phi
+        params = [
+            {"params": [p for p in q_net.parameters() if p is not phi]},
+            {"params": [phi], "eps": args.phi_adam_eps},
+        ]
+    return torch.optim.Adam(params, lr=args.learning_rate, eps=args.adam_eps, fused=True, capturable=args.cuda_graph)
+
+
 def period_crossed(step_before: int, step_after: int, period: int) -> bool:
     """True when a multiple of `period` lies in (step_before, step_after]: with N envs the counter moves by up to N."""
     return step_after // period > step_before // period
@@ -968,11 +1004,8 @@ def main(args: Args) -> dict:
     target_net = build_network(args, num_actions).to(device, memory_format=torch.channels_last)
     target_net.load_state_dict(q_net.state_dict())
     target_net.requires_grad_(False)
-    # fused=True: Adam's update in one vectorised pass over each tensor instead of ~10 elementwise ops (same maths,
-    # 4x faster on CPU, where the unfused step of the 4M-parameter net took a quarter of each update)
-    optimizer = torch.optim.Adam(
-        q_net.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=True, capturable=args.cuda_graph
-    )
+    optimizer = make_optimizer(q_net, args)
+    phi = q_net.moe.phi if args.moe == "softmoe" else None  # None too with --random-phi
     replay = FrameReplay(args.buffer_size, args.num_envs)
     global_step, updates, episodes = 0, 0, []
     if ckpt is not None:
@@ -995,12 +1028,15 @@ def main(args: Args) -> dict:
     )
     policy, update = (GraphedPolicy(q_net, args.num_envs), None) if args.cuda_graph else (None, None)
     obs, info = envs.reset(seed=args.seed)
-    tracker = EpisodeTracker(args.num_envs, args.protocol != "dopamine", args.truncation_is_terminal, info)
+    noop_steps = 30 if args.protocol == "atari100k" else 0
+    tracker = EpisodeTracker(
+        args.num_envs, args.protocol != "dopamine", args.truncation_is_terminal, info, noop_steps, rng
+    )
     with stop_signals() as stopped:
         while global_step < args.total_timesteps and not stopped():
             epsilon = epsilon_schedule(global_step, args.epsilon_decay_steps, args.learning_starts, args.end_e)
             actions = select_actions(q_net, obs, epsilon, rng, num_actions, device, policy)
-            envs.send(actions)  # the emulators step in their threads while the network learns
+            envs.send(tracker.actions(actions))  # the emulators step in their threads while the network learns
 
             if global_step > learn_from and replay.can_sample(args.n_step):
                 while updates < updates_before + int((global_step - learn_from) * args.replay_ratio):
@@ -1013,6 +1049,8 @@ def main(args: Args) -> dict:
                         optimizer.zero_grad(set_to_none=True)
                         loss.backward()
                         optimizer.step()
+                    if phi is not None:  # the size of Phi's gradient, next to Adam's eps
+                        metrics["phi_grad_rms"] = phi.grad.pow(2).mean().sqrt()
                     updates += 1
                 if period_crossed(last_sync, global_step, args.target_network_frequency):
                     target_net.load_state_dict(q_net.state_dict())
@@ -1153,7 +1191,7 @@ def log_step(run: Run, global_step, finished, next_obs, epsilon, updates, metric
             why = "no whole interval of learning yet" if learning else "learning has not started"
             eta = f"ETA over {fmt_time(left / recent)} ({why})" if recent > 0 else "ETA ?"
         last = [r for _, r, _ in run.episodes[-100:]]
-        for k in ("td_loss", "aux_loss", "q_values"):
+        for k in ("td_loss", "aux_loss", "q_values", "phi_grad_rms"):
             if k in metrics:
                 writer.add_scalar(f"losses/{k}", float(metrics[k]), global_step)
         writer.add_scalar("charts/SPS", sps, global_step)

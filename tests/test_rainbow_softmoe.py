@@ -530,3 +530,55 @@ def test_unknown_preset_is_a_one_line_error():
     out = subprocess.run([sys.executable, SCRIPT, "--preset", "drq"], capture_output=True, text=True)
     assert out.returncode != 0
     assert out.stderr.strip() == "error: unknown --preset 'drq'; choose one of full-rainbow, der, drq-eps"
+
+
+def test_atari100k_episodes_start_with_0_to_29_noop_agent_steps_that_are_not_learned_or_counted():
+    """Dopamine's 100k runner: k ~ U{0..29} agent steps of action 0 (4 frames each) after every reset, not stored as
+    transitions, not counted, not scored; the agent's first stack starts after them."""
+    args = rb.preset_args("drq-eps", env_id="ALE/Breakout-v5")
+    n = 16
+    envs = rb.make_env(args, rb.game_from_env_id(args.env_id), n)
+    obs, info = envs.reset(seed=0)
+    assert (np.asarray(info["episode_frame_number"]) == 0).all()  # ale_py itself adds no no-op frames
+    tracker = rb.EpisodeTracker(n, True, False, info, 30, np.random.default_rng(5))
+    want = np.random.default_rng(5).integers(0, 30, n)
+    first_acted = np.full(n, -1)
+    for t in range(32):
+        sent = tracker.actions(np.full(n, 3, dtype=np.int32))
+        assert ((sent == 0) == (t < want)).all()
+        next_obs, rewards, terminated, truncated, info = envs.step(sent)
+        step = tracker.step(rewards, terminated, truncated, info)
+        assert (step.acted == (t >= want)).all() and not step.valid[t < want].any()
+        new = step.acted & (first_acted < 0)
+        first_acted[new] = t
+        # the first acted step began from a stack of the frame after the no-ops alone
+        assert (step.history[new] == 0).all()
+        assert (np.asarray(info["episode_frame_number"])[new] == 4 * (want[new] + 1)).all()
+    assert (first_acted == want).all() and len(set(want.tolist())) > 8
+    envs.close()
+
+
+def test_phi_adam_eps_gives_phi_its_own_eps_and_leaves_the_rest_at_adam_eps():
+    """Adam's first step is lr g / (|g| + eps) per element (bias correction cancels): with Phi's gradient far below
+    eps = 1.5e-4 that is a sliver of lr, with --phi-adam-eps 1e-12 it is lr sign(g) for Phi alone."""
+    lr = 1e-4
+    steps = {}
+    for phi_eps in (None, 1e-12):
+        args = rb.fill_defaults(rb.preset_args("drq-eps", **SMALL, phi_adam_eps=phi_eps, learning_rate=lr))
+        torch.manual_seed(0)
+        net = rb.build_network(args, 4)
+        optimizer = rb.make_optimizer(net, args)
+        before = {n: p.detach().clone() for n, p in net.named_parameters()}
+        net(torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8)).pow(2).mean().mul(1e-3).backward()
+        grads = {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+        assert "moe.phi" in grads
+        optimizer.step()
+        for n, p in net.named_parameters():
+            if n not in grads:
+                assert torch.equal(p.detach(), before[n]), n
+                continue
+            eps = phi_eps if (phi_eps and n == "moe.phi") else 1.5e-4
+            expected = -lr * grads[n] / (grads[n].abs() + eps)
+            assert torch.allclose(p.detach() - before[n], expected, atol=lr * 1e-3), n
+        steps[phi_eps] = float((net.moe.phi.detach() - before["moe.phi"]).abs().mean() / lr)
+    assert steps[1e-12] > 0.9 and steps[None] < 0.01, steps
