@@ -1,0 +1,48 @@
+"""Every tensorboard scalar of one or more run directories (a run's resumed segments) as one CSV: tag, step, value.
+
+    python benchmark/scalars.py runs/<run>[ runs/<resumed run> ...] --out scalars.csv
+
+The CSV is what results/ keep of a run's curves (event files are not committed). Where segments overlap, the later
+segment's value of a (tag, step) wins.
+"""
+
+import argparse
+import csv
+import glob
+import os
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+
+def read_scalars(run_dirs: list[str]) -> dict[tuple[str, int], float]:
+    values = {}
+    files = sorted(
+        (f for d in run_dirs for f in glob.glob(os.path.join(d, "events.out.tfevents.*"))), key=os.path.getmtime
+    )
+    for path in files:
+        events = EventAccumulator(path, size_guidance={"scalars": 0})
+        events.Reload()
+        for tag in events.Tags()["scalars"]:
+            for event in events.Scalars(tag):
+                values[(tag, event.step)] = event.value
+    return values
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="run directories (or event files' folders), oldest segment first")
+    parser.add_argument("--out", required=True)
+    cli = parser.parse_args()
+    values = read_scalars(cli.runs)
+    if not values:
+        raise SystemExit(f"error: no tensorboard scalars under {', '.join(cli.runs)}")
+    with open(cli.out, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["tag", "step", "value"])
+        for (tag, step), value in sorted(values.items()):
+            writer.writerow([tag, step, f"{value:.6g}"])
+    print(f"{cli.out}: {len(values):,} values, {len({t for t, _ in values})} tags")
+
+
+if __name__ == "__main__":
+    main()

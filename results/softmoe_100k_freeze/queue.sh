@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# DrQ(eps) on Breakout at the paper's 100k budget, one torch thread per run:
+#   impala8_*: the paper's network (Impala encoder, Soft MoE with 8 experts, Fig. 12) against the Impala baseline;
+#   normalize_*, phieps_*: the Nature CNN with 4 experts (DER.gin's network) with --moe-normalize, or with Adam's eps
+#   for Phi alone at 1e-8 (--phi-adam-eps), the two candidate causes of the frozen routing.
+#
+#   bash results/softmoe_100k_freeze/queue.sh            # every run not yet complete, in order
+#   ONLY='impala8_softmoe_s1$' bash results/softmoe_100k_freeze/queue.sh
+#   bash results/softmoe_100k_freeze/queue.sh --list
+#
+# Resumable within a sitting: a run with a checkpoint goes on from it (replay memory included). Working files stay in
+# work/ (git-ignored, ~0.7 GB per run; lost with a fresh checkout); a complete run's summary, episodes, curve, log and
+# scalars (CSV) are copied to results/softmoe_100k_freeze/<run>/.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+PY=${PYTHON:-$ROOT/.venv/bin/python}
+OUT=$ROOT/results/softmoe_100k_freeze
+WORK=$OUT/work
+export OMP_NUM_THREADS=${THREADS:-1}
+export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4000000000  # keep freed activations in the heap
+
+jobs=(
+  "impala8_softmoe_s1|--encoder impala --moe softmoe --num-experts 8 --seed 1"
+  "impala8_none_s1|--encoder impala --moe none --seed 1"
+  "normalize_softmoe_s1|--encoder nature --moe softmoe --num-experts 4 --moe-normalize --seed 1"
+  "phieps_softmoe_s1|--encoder nature --moe softmoe --num-experts 4 --phi-adam-eps 1e-8 --seed 1"
+  "impala8_softmoe_s2|--encoder impala --moe softmoe --num-experts 8 --seed 2"
+  "impala8_none_s2|--encoder impala --moe none --seed 2"
+  "normalize_softmoe_s2|--encoder nature --moe softmoe --num-experts 4 --moe-normalize --seed 2"
+  "phieps_softmoe_s2|--encoder nature --moe softmoe --num-experts 4 --phi-adam-eps 1e-8 --seed 2"
+)
+
+latest() { ls -t "$WORK"/runs/*__"$1"__*/"$2" 2>/dev/null | head -n 1 || true; }
+complete() { grep -qs '"complete": true' "$OUT/$1/summary.json"; }
+
+mkdir -p "$WORK/logs"
+for job in "${jobs[@]}"; do
+  name=${job%%|*}; flags=${job#*|}
+  [[ "$name" =~ ${ONLY:-.} ]] || continue
+  if [ "${1:-}" = --list ]; then
+    if complete "$name"; then echo "$name: complete"
+    elif [ -n "$(latest "$name" rainbow_softmoe.pt)" ]; then echo "$name: checkpoint $(latest "$name" rainbow_softmoe.pt)"
+    else echo "$name: not started"; fi
+    continue
+  fi
+  complete "$name" && continue
+  # shellcheck disable=SC2206
+  cmd=("$PY" "$ROOT/algos/rainbow_softmoe.py" --preset drq-eps --env-id ALE/Breakout-v5 $flags --exp-name "$name"
+       --save-model --checkpoint-replay --write-every-minutes 10 --log-every-seconds 60)
+  checkpoint=$(latest "$name" rainbow_softmoe.pt)
+  [ -n "$checkpoint" ] && cmd+=(--resume "$checkpoint")
+  (cd "$WORK" && echo "+ ${cmd[*]}" >>"logs/$name.log" && "${cmd[@]}" >>"logs/$name.log" 2>&1)
+  summary=$(latest "$name" summary.json)
+  if grep -q '"complete": true' "$summary"; then
+    mkdir -p "$OUT/$name"
+    cp "$(dirname "$summary")"/{summary.json,episodes.csv,learning_curve.png} "$OUT/$name/"
+    cp "$WORK/logs/$name.log" "$OUT/$name/train_log.txt"
+    "$PY" "$ROOT/benchmark/scalars.py" "$WORK"/runs/*__"$name"__* --out "$OUT/$name/scalars.csv"
+  else
+    echo "$name: stopped before the end; run the queue again to resume it"; exit 0
+  fi
+done
