@@ -34,41 +34,25 @@ def test_training_writes_tensorboard_summary_and_curves_per_run(tmp_path, monkey
     assert episodes["scores"].shape == (3, 30) and (episodes["lengths"] > 0).all()
 
 
-def test_checkpoint_round_trip_is_exact_and_evaluation_runs(tmp_path, monkeypatch):
+def test_checkpoint_round_trip_is_exact_and_the_episode_budget_counts_from_the_original_start(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     summary = run(total_episodes=20, num_runs=2, save_model=True)
     path = summary["checkpoint"]
-    ckpt = td.load_checkpoint(path, td.fill_defaults(td.Args(num_runs=2)))
-    assert ckpt["episodes"].tolist() == [20, 20]
-    params = td.init_shallow(2, 460, 50, seed=123, device="cpu")
-    for k in params:
-        params[k].copy_(ckpt["params"][k])
+    args = td.fill_defaults(td.Args(num_runs=2, total_episodes=25))
+    ckpt = td.load_checkpoint(path, args)
+    assert ckpt["episodes"].tolist() == [20, 20] and ckpt["scores"].shape == (2, 20)
     path2 = tmp_path / "again.pt"
-    args = td.fill_defaults(td.Args(num_runs=2))
-    td.save_checkpoint(path2, args, params, ckpt["episodes"], ckpt["scores"], ckpt["lengths"])
+    td.save_checkpoint(path2, args, ckpt["params"], ckpt["episodes"], ckpt["scores"], ckpt["lengths"])
     again = td.load_checkpoint(str(path2), args)
-    for k in params:
+    for k in ckpt["params"]:
         assert torch.equal(again["params"][k], ckpt["params"][k])
-    assert torch.equal(again["scores"], ckpt["scores"]) and ckpt["scores"].shape == (2, 20)
-    evaluated = run(
-        resume=path,
-        num_runs=2,
-        total_episodes=0,
-        eval_episodes=3,
-        eval_selections=("softmax", "epsilon:0.05"),
-        value_analysis_episodes=4,
-    )
-    assert evaluated["eval"]["epsilon:0.05"]["episodes"] == 6
-    assert evaluated["value_analysis"]["episodes"] == 4
-    eval_dir = tmp_path / "runs" / evaluated["run_name"]
-    assert (eval_dir / "value_analysis.csv").exists() and (eval_dir / "value_analysis.png").exists()
-    # --total-episodes counts from the start of the original run, as in every script
+    assert torch.equal(again["scores"], ckpt["scores"])
     resumed = run(resume=path, num_runs=2, total_episodes=25, save_model=True)  # continues from episode 20
     assert resumed["episodes_per_run"] == [25, 25]
     with pytest.raises(SystemExit, match="already at episode 20 .slowest run.; raise --total-episodes"):
         run(resume=path, num_runs=2, total_episodes=20)
-    history = td.load_checkpoint(resumed["checkpoint"], args)["scores"]
-    assert history.shape == (2, 25) and torch.equal(history[:, :20], ckpt["scores"])  # the curve continues
+    history = td.load_checkpoint(resumed["checkpoint"], td.fill_defaults(td.Args(num_runs=2, total_episodes=30)))
+    assert history["scores"].shape == (2, 25) and torch.equal(history["scores"][:, :20], ckpt["scores"])
 
 
 class StopAfter:
@@ -117,8 +101,8 @@ def test_runs_started_in_the_same_second_keep_their_own_directories(tmp_path, mo
     resumed = run(total_episodes=6, num_runs=1, save_model=True, resume=first["checkpoint"])
     again = run(total_episodes=4, num_runs=1, save_model=True)
     assert resumed["run_name"] == first["run_name"] + "-2" and again["run_name"] == first["run_name"] + "-3"
-    assert td.load_checkpoint(first["checkpoint"], td.fill_defaults(td.Args()))["episodes"].tolist() == [4]
-    assert td.load_checkpoint(resumed["checkpoint"], td.fill_defaults(td.Args()))["episodes"].tolist() == [6]
+    assert torch.load(first["checkpoint"], weights_only=True)["episodes"].tolist() == [4]
+    assert torch.load(resumed["checkpoint"], weights_only=True)["episodes"].tolist() == [6]
 
 
 def test_several_activations_train_in_one_process_with_outputs_per_activation(tmp_path, monkeypatch):
@@ -130,46 +114,15 @@ def test_several_activations_train_in_one_process_with_outputs_per_activation(tm
         info = json.loads((run_dir / act / "summary.json").read_text())
         assert info["activation"] == act and info["paper_final_score"] == paper and info["episodes_per_run"] == [12, 12]
         assert np.load(run_dir / act / "episodes.npz")["scores"].shape == (2, 12)
-        assert (run_dir / act / "learning_curve.png").exists()
-    assert (run_dir / "learning_curves.png").exists()
+    assert (run_dir / "learning_curve.png").exists()
+    header = (run_dir / "learning_curve.csv").read_text().splitlines()[0].split(",")
+    assert header == ["episode", "dsilu/run0", "dsilu/run1", "dsilu/mean", "relu/run0", "relu/run1", "relu/mean"]
     ckpt = torch.load(summary["checkpoint"], weights_only=True)
     assert ckpt["params"]["W1"].shape == (4, 460, 50) and ckpt["architecture"]["activation"] == "dsilu+relu"
     # runs 0 and 2 (the first of each activation) start from the same initial weights (seed + 0)
     first = td.init_shallow(1, 460, 50, seed=1, device="cpu")["w2"][0]
     assert not torch.equal(ckpt["params"]["w2"][0], first)  # trained
     assert ckpt["params"]["w2"].shape == (4, 50)
-
-
-def test_one_activation_of_a_batched_checkpoint_is_evaluated_on_its_own_runs(tmp_path, monkeypatch):
-    """Table 1's process saves 4 activations x 10 runs in one checkpoint; `--activation relu --total-episodes 0`
-    evaluates rows 10-19 of it (here: 2 activations x 2 runs, relu = rows 2-3). Training on from it stays refused."""
-    monkeypatch.chdir(tmp_path)
-    trained = run(total_episodes=8, num_runs=2, activation=("dsilu", "relu"), save_model=True, final_window=4)
-    path = trained["checkpoint"]
-    full = torch.load(path, weights_only=True)
-    one = dict(activation=("relu",), num_runs=2, total_episodes=0, eval_episodes=1)
-    loaded = td.load_checkpoint(path, td.fill_defaults(td.Args(**one)))
-    assert torch.equal(loaded["params"]["W1"], full["params"]["W1"][2:4])
-    assert torch.equal(loaded["scores"], full["scores"][2:4]) and loaded["architecture"]["activation"] == "relu"
-    evaluated = run(resume=path, eval_selections=("epsilon:0",), value_analysis_episodes=0, final_window=4, **one)
-    assert evaluated["final_score_per_run"] == trained["per_activation"]["relu"]["final_score_per_run"]
-    assert evaluated["eval"]["epsilon:0"]["episodes"] == 2  # one episode for each of the two relu runs
-    with pytest.raises(ValueError, match="holds another architecture"):
-        td.load_checkpoint(path, td.fill_defaults(td.Args(activation=("relu",), num_runs=2, total_episodes=20)))
-
-
-def test_eval_run_best_evaluates_the_run_with_the_highest_final_mean(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    trained = run(total_episodes=15, num_runs=3, save_model=True, final_window=5)
-    best = int(np.argmax(trained["final_score_per_run"]))
-    ckpt, greedy = trained["checkpoint"], ("epsilon:0",)
-    evaluated = run(resume=ckpt, num_runs=3, total_episodes=0, eval_episodes=2, eval_selections=greedy,
-                    eval_run="best", value_analysis_episodes=2, final_window=5)  # fmt: skip
-    assert evaluated["eval_runs"] == [best] and evaluated["eval"]["epsilon:0"]["episodes"] == 2
-    assert evaluated["value_analysis"]["episodes"] == 2  # two complete episodes of that one run
-    one = run(resume=trained["checkpoint"], num_runs=3, total_episodes=0, eval_episodes=1,
-              eval_selections=("epsilon:0",), eval_run="2", value_analysis_episodes=0)  # fmt: skip
-    assert one["eval_runs"] == [2]
 
 
 def test_non_finite_parameters_stop_the_run_and_keep_the_last_good_checkpoint(tmp_path, monkeypatch):
@@ -217,19 +170,18 @@ def test_ten_by_ten_defaults_follow_section_3_2():
         ({"env_id": "envs/Pentris-v0"}, "unknown --env-id"),
         ({"activation": "tanh"}, "not defined for --network shallow"),
         ({"network": "deep", "activation": "dsilu"}, "not defined for --network deep"),
-        ({"num_runs": 0}, "--num-runs must be at least 1"),
-        ({"eval_selections": ("greedy",)}, "bad --eval-selections"),
+        ({"num_runs": 0}, "--num-runs and --total-episodes must be at least 1"),
+        ({"total_episodes": 0}, "--num-runs and --total-episodes must be at least 1 .benchmark/tetris_eval.py"),
         ({"alpha": float("nan")}, "--alpha must be a finite number, got nan"),
         ({"lam": float("inf")}, "--lam must be a finite number, got inf"),
         ({"activation": ("dsilu", "dsilu")}, "--activation lists a value twice"),
         ({"network": "deep", "activation": ("silu-silu", "relu-relu")}, "need --network shallow"),
-        ({"eval_run": "7", "num_runs": 2, "eval_episodes": 1}, "--eval-run must be"),
     ],
 )
 def test_bad_input_fails_with_one_line_before_anything_is_written(tmp_path, monkeypatch, kwargs, message):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit, match=message) as err:
-        run(total_episodes=1, **kwargs)
+        run(**{"total_episodes": 1, **kwargs})
     assert "\n" not in str(err.value) and not (tmp_path / "runs").exists()
 
 
@@ -259,7 +211,9 @@ def test_cli_prints_one_clear_line(tmp_path):
     out = subprocess.run(
         [sys.executable, SCRIPT, "--num-runs", "0"], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
-    assert out.returncode != 0 and out.stderr.strip() == "error: --num-runs must be at least 1, got 0"
+    assert out.returncode != 0 and out.stderr.strip() == (
+        "error: --num-runs and --total-episodes must be at least 1 (benchmark/tetris_eval.py evaluates a checkpoint)"
+    )
 
 
 def stop_with_sigterm_after_progress(tmp_path, *flags, progress_lines=2, timeout=300):
@@ -367,13 +321,6 @@ def test_video_frames_replay_the_recorded_games_placement_by_placement(tmp_path,
         cells = np.array([f.sum() for f in frames], dtype=np.int64)
         cleared, rest = np.divmod(cells[:-1] + 4 - cells[1:], width)
         assert (rest == 0).all() and (cleared >= 0).all() and cleared.sum() == episodes["scores"][0, e]
-
-
-def test_video_of_an_evaluation_only_run_is_refused_with_one_line(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit, match="--capture-video records training games") as err:
-        run(total_episodes=0, eval_episodes=1, capture_video=True)
-    assert "\n" not in str(err.value) and not (tmp_path / "runs").exists()
 
 
 def test_video_numbers_episodes_from_the_checkpoint_counter_and_caps_long_games(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 import td_lambda_tetris as td
+import td_reference as ref
 import torch
 
 
@@ -38,7 +39,7 @@ def test_shallow_hand_gradient_equals_autograd(activation):
     params = td.init_shallow(R, F_, Hd, seed=0, device="cpu")
     params = {k: v.double() for k, v in params.items()}
     idx = torch.stack([torch.randperm(F_)[:20] for _ in range(R)])  # one state per run
-    value, grads = td.shallow_value_and_grad(params, idx, activation)
+    value, grads = ref.shallow_value_and_grad(params, idx, activation)
     for r in range(R):
         leaf = {k: v[r].clone().requires_grad_(True) for k, v in params.items()}
         x = torch.zeros(F_, dtype=torch.float64)
@@ -52,7 +53,7 @@ def test_shallow_hand_gradient_equals_autograd(activation):
         for k, a in zip(("b1", "w2", "b2"), auto[1:], strict=True):
             assert torch.allclose(grads[k][r], a), k
     # the batched value over candidate placements agrees with the single-state value
-    assert torch.allclose(td.shallow_value(params, idx[:, None], activation)[:, 0], value)
+    assert torch.allclose(ref.shallow_value(params, idx[:, None], activation)[:, 0], value)
 
 
 def test_deep_network_shapes_and_vmapped_gradient_equal_per_run_autograd():
@@ -105,7 +106,7 @@ def test_accumulating_traces_with_held_updates_equal_the_forward_view_lambda_ret
         td_error = rewards[t] + gamma * v[t + 1] - v[t]  # eq. 2
         decay = torch.tensor([0.0 if t == 0 else gamma * lam], dtype=torch.float64)
         grads = {"w": torch.as_tensor(x[t])[None]}  # grad of the linear V
-        td.update_traces_and_params(held, eligibility, grads, decay, torch.tensor([alpha * td_error]))
+        ref.update_traces_and_params(held, eligibility, grads, decay, torch.tensor([alpha * td_error]))
     assert np.allclose(held["w"][0].numpy(), lambda_return_updates(x, rewards, w, alpha, gamma, lam), atol=1e-12)
 
 
@@ -119,7 +120,7 @@ def test_sparse_w1_trace_equals_the_dense_trace():
         g = torch.randn(R, Hd)
         decay = torch.tensor([0.5, 0.0 if step == 2 else 0.5])
         size = torch.randn(R)
-        td.update_traces_and_params(theta_sparse, sparse_e, {"W1": (rows, g)}, decay, size)
+        ref.update_traces_and_params(theta_sparse, sparse_e, {"W1": (rows, g)}, decay, size)
         dense_g = torch.zeros(R, F_, Hd)
         for r in range(R):
             dense_g[r, rows[r]] = g[r]
@@ -140,32 +141,13 @@ def test_softmax_selection_samples_eq_14():
     values = torch.tensor([[1.0, 0.8, 0.2, 5.0]])
     valid = torch.tensor([[True, True, True, False]])
     tau = torch.tensor([0.25])
-    probs = td.softmax_probabilities(values, tau, valid)[0]
+    probs = ref.softmax_probabilities(values, tau, valid)[0]
     expected = torch.exp(values[0, :3] / 0.25) / torch.exp(values[0, :3] / 0.25).sum()
     assert torch.allclose(probs[:3], expected) and probs[3] == 0
     n = 200_000
-    action, exploratory = td.select_placement(values.expand(n, 4), tau.expand(n), valid.expand(n, 4), torch.rand(n, 5))
+    action = td.select_placement(values.expand(n, 4), tau.expand(n), valid.expand(n, 4), torch.rand(n, 5))
     freq = torch.bincount(action, minlength=4).double() / n
     assert torch.allclose(freq, probs.double(), atol=0.005)
-    assert torch.equal(exploratory, action != 0)
-
-
-def test_epsilon_greedy_selection_and_exploratory_count():
-    torch.manual_seed(0)
-    n = 100_000
-    values = torch.tensor([[0.1, 0.9, 0.3, 9.0]]).expand(n, 4)
-    valid = torch.tensor([[True, True, True, False]]).expand(n, 4)
-    greedy_only, explored = td.select_placement(values, None, valid, torch.rand(n, 5), epsilon=0.0)
-    assert torch.all(greedy_only == 1) and not explored.any()
-    action, explored = td.select_placement(values, None, valid, torch.rand(n, 5), epsilon=0.3)
-    freq = torch.bincount(action, minlength=4).double() / n
-    assert torch.allclose(freq, torch.tensor([0.1, 0.8, 0.1, 0.0], dtype=torch.float64), atol=0.01)
-    assert abs(explored.double().mean().item() - 0.2) < 0.01  # a random pick equal to the greedy one is not exploratory
-
-
-def test_discounted_returns():
-    r = np.array([1.0, 0.0, 2.0])
-    assert np.allclose(td.discounted_returns(r, 0.5), [1 + 0.25 * 2, 0.5 * 2, 2.0])
 
 
 @pytest.mark.parametrize("groups", [[("dsilu", 0, 3)], [("dsilu", 0, 1), ("sigmoid", 1, 2), ("relu", 2, 3)]])
@@ -175,8 +157,8 @@ def test_lazy_shallow_td_reproduces_the_dense_update_step_by_step(groups):
     torch.manual_seed(0)
     R, F_, Hd, gamma_lambda, alpha = 3, 460, 50, 0.99 * 0.55, 0.01
     params = td.init_shallow(R, F_, Hd, seed=0, device="cpu")
-    ref = {k: v.clone().double() for k, v in params.items()}
-    ref_e = {k: torch.zeros_like(v) for k, v in ref.items()}
+    dense = {k: v.clone().double() for k, v in params.items()}
+    dense_e = {k: torch.zeros_like(v) for k, v in dense.items()}
     fast = td.ShallowTD({k: v.double() for k, v in params.items()}, groups)
     acts = [name for name, a, b in groups for _ in range(a, b)]
     gen = torch.Generator().manual_seed(1)
@@ -188,14 +170,14 @@ def test_lazy_shallow_td_reproduces_the_dense_update_step_by_step(groups):
         assert (idx[..., -1] == F_).all()
         value, z, a = fast.values(idx)
         for r, act in enumerate(acts):
-            one = {k: v[r : r + 1] for k, v in ref.items()}
-            v_ref, grads = td.shallow_value_and_grad(one, idx[r : r + 1, -1, :20], act)
+            one = {k: v[r : r + 1] for k, v in dense.items()}
+            v_ref, grads = ref.shallow_value_and_grad(one, idx[r : r + 1, -1, :20], act)
             assert torch.allclose(value[r, -1], v_ref[0], atol=1e-9)
-            v_all = td.shallow_value(one, idx[r : r + 1, :, :20], act)
+            v_all = ref.shallow_value(one, idx[r : r + 1, :, :20], act)
             assert torch.allclose(value[r], v_all[0], atol=1e-9)
             if r == 0:
-                all_grads = {k: [] for k in ref}
-            for k in ref:
+                all_grads = {k: [] for k in dense}
+            for k in dense:
                 all_grads[k].append(grads[k])
         grads = {k: torch.cat(v) for k, v in all_grads.items() if k != "W1"}
         grads["W1"] = (idx[:, -1, :20], torch.cat([g[1] for g in all_grads["W1"]]))
@@ -203,12 +185,13 @@ def test_lazy_shallow_td_reproduces_the_dense_update_step_by_step(groups):
         decay = torch.where(first, 0.0, gamma_lambda).double()
         step = alpha * torch.randn(R, generator=gen).double()
         folds += int(((fast.c * decay) < fast.fold_below).sum())
-        fast.learn(idx[:, -1], z[:, -1], a[:, -1], decay, step)
-        td.update_traces_and_params(ref, ref_e, grads, decay, step)
-    got, got_e = fast.parameters(), fast.eligibility()
-    for k in ref:
-        assert torch.allclose(got[k], ref[k], atol=1e-9), k
-        assert torch.allclose(got_e[k], ref_e[k], atol=1e-9), k
+        fast.decay_traces(decay)
+        fast.accumulate(idx[:, -1], z[:, -1], a[:, -1], decay, step)
+        ref.update_traces_and_params(dense, dense_e, grads, decay, step)
+    got, got_e = fast.parameters(), ref.eligibility(fast)
+    for k in dense:
+        assert torch.allclose(got[k], dense[k], atol=1e-9), k
+        assert torch.allclose(got_e[k], dense_e[k], atol=1e-9), k
     assert folds > 20  # the folds (and the d = 0 episode starts) were exercised
 
 
@@ -249,29 +232,14 @@ def test_table1_statistics_by_hand():
     assert td.score_summary(scores, np.array([1, 3]), 1000)["final_window"] == 1  # the slowest run bounds it
 
 
-def test_eta_is_the_slowest_runs_remaining_placements_over_the_loop_step_rate():
-    # run 0: lengths 10 + 2i for its 200 finished episodes of 300. Low: 100 more episodes as long as its last 100
-    # (mean 10 + 2 x 149.5 = 309); trend: the line through its last 100 (slope 2) summed over episodes 200..299.
-    # Run 1 has finished; run 2 has 290 flat episodes of 50 (10 x 50 left, its trend no longer than its low).
+def test_eta_is_the_slowest_runs_remaining_placements_at_its_recent_episode_length_over_the_step_rate():
+    # run 0 has 100 of 300 episodes left, its last 100 of mean 10 + 2 x 149.5 = 309 placements; run 2 has 10 left at
+    # 50; run 1 has finished. Every run places one piece per loop step, so run 0 sets the time: 100 x 309 / 100 s.
     lengths = np.zeros((3, 300))
     lengths[0, :200] = 10 + 2 * np.arange(200)
     lengths[1, :] = 7
     lengths[2, :290] = 50
-    low, trend = td.eta_seconds(lengths, np.array([200, 300, 290]), 300, 100.0)
-    assert low == pytest.approx(100 * 309 / 100)
-    assert trend == pytest.approx(sum(10 + 2 * j for j in range(200, 300)) / 100)
-    assert td.remaining_length(lengths[2, :290], 300) == pytest.approx((500.0, 500.0))
-    assert td.remaining_length(400 - np.arange(200.0), 300)[1] == td.remaining_length(400 - np.arange(200.0), 300)[0]
-    assert td.eta_seconds(lengths[1:2], np.array([300]), 300, 0.0) == (0.0, 0.0)
-    assert td.eta_seconds(lengths, np.array([0, 300, 290]), 300, 100.0) == (math.inf, math.inf)  # nothing finished
-    assert td.eta_text(math.inf, math.inf) == "ETA ?"
-
-
-def test_eta_trend_is_the_least_squares_line_through_the_last_quarter_of_episodes():
-    rng = np.random.default_rng(0)
-    index = np.arange(1000)
-    lengths = 50 + 30 * np.sqrt(index) + rng.normal(0, 20, 1000)  # curved and noisy; the last quarter is 250 episodes
-    slope, intercept = np.polyfit(index[-250:], lengths[-250:], 1)
-    expected = sum(intercept + slope * j for j in range(1000, 3000))
-    low, trend = td.remaining_length(lengths, 3000)
-    assert low == pytest.approx(2000 * lengths[-100:].mean()) and trend == pytest.approx(expected)
+    assert td.eta_seconds(lengths, np.array([200, 300, 290]), 300, 100.0) == pytest.approx(100 * 309 / 100)
+    assert td.eta_seconds(lengths[1:2], np.array([300]), 300, 0.0) == 0.0  # every run has finished
+    assert td.eta_seconds(lengths, np.array([0, 300, 290]), 300, 100.0) == math.inf  # run 0 has no episode yet
+    assert td.fmt_time(3 * 3600 + 61.9) == "3h01m01s"

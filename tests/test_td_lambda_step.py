@@ -3,6 +3,7 @@ loop built from the reference pieces (dense traces, per-run forward passes), and
 
 import pytest
 import td_lambda_tetris as td
+import td_reference as ref
 import torch
 
 from envs.tetris import VARIANTS, ColumnEngine, binary_feature_indices, binary_feature_length
@@ -86,8 +87,8 @@ def play_reference(dtype, steps):
         v_cand, v_t, grads = [], [], []
         for r, act in enumerate(acts):
             one = {name: v[r : r + 1] for name, v in theta.items()}
-            v_cand.append(td.shallow_value(one, cand[r : r + 1], act))
-            value, g = td.shallow_value_and_grad(one, state[r : r + 1], act)
+            v_cand.append(ref.shallow_value(one, cand[r : r + 1], act))
+            value, g = ref.shallow_value_and_grad(one, state[r : r + 1], act)
             v_t.append(value)
             grads.append(g)
         v_cand = torch.cat(v_cand).masked_fill(after.game_over, 0.0)
@@ -95,12 +96,12 @@ def play_reference(dtype, steps):
         grad = {name: torch.cat([g[name] for g in grads]) for name in ("b1", "w2", "b2")}
         grad["W1"] = (state, torch.cat([g["W1"][1] for g in grads]))
         tau = td.temperature(episodes.float(), k.tau0, k.tau_k)  # float32, as the step
-        action, _ = td.select_placement(v_cand, tau, after.valid, uniform)
+        action = td.select_placement(v_cand, tau, after.valid, uniform)
         game_over = after.game_over[runs, action]
         holes_next = after.holes[runs, action]
         reward = td.td_reward(holes_next, game_over, holes_now, k.holes_scale, k.reward_timing)
         td_error = reward + k.gamma * v_cand[runs, action] - v_t
-        td.update_traces_and_params(theta, e, grad, decay, k.alpha * td_error)
+        ref.update_traces_and_params(theta, e, grad, decay, k.alpha * td_error)
         boards = torch.where(game_over[:, None], 0, after.boards[runs, action])
         state = torch.where(game_over[:, None], empty_state, cand[runs, action])
         holes_now = holes_next.masked_fill(game_over, 0)
