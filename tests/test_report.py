@@ -6,7 +6,6 @@ import os
 
 import numpy as np
 import pytest
-
 import report
 import suites
 
@@ -168,7 +167,7 @@ def test_suites_take_options_before_the_double_dash(capsys, monkeypatch):
     )
     commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("+ ")]
     assert len(commands) == 4 * 5  # 4 variants x 5 seeds at the paper budget, one game
-    assert all("--device cuda >" in line for line in commands)  # the last flags, before the log redirect
+    assert all("--device cuda) >" in line for line in commands)  # the last flags, before the log redirect
 
 
 def test_reduced_atari100k_runs_the_der_gin_network():
@@ -180,3 +179,42 @@ def test_reduced_atari100k_runs_the_der_gin_network():
         if moe != "none":
             assert t.argv[t.argv.index("--num-experts") + 1] == "4"
     assert all("--num-experts" not in t.argv for t in suites.expand("atari100k-fig12", "paper", games=["Pong"]))
+
+
+def test_elfwing_suites_expand_at_every_budget_with_the_papers_episodes():
+    for name in suites.ELFWING_SUITES:
+        for budget in suites.BUDGETS:
+            tasks = suites.expand(name, budget)
+            assert tasks and all(t.exp_name.startswith(name + ".") and "--exp-name" in t.argv for t in tasks)
+    (shallow, *deep) = suites.expand("tetris-table1", "paper")
+    assert shallow.argv[shallow.argv.index("--total-episodes") + 1] == "200000" and len(deep) == 3
+    assert all(d.argv[d.argv.index("--num-runs") + 1] == "5" for d in deep)
+    assert len(suites.expand("atari-table2", "paper")) == 12 * 2  # 12 games, 2 runs each
+    (ten,) = suites.expand("tetris-10x10", "paper")
+    assert ten.argv[ten.argv.index("--total-episodes") + 1] == "400000"
+
+
+def test_a_table3_task_evaluates_the_checkpoint_its_own_training_wrote(tmp_path):
+    """The follow-up command finds the newest run directory of the task's game, experiment and seed."""
+    (task,) = suites.expand("tetris-table3", "smoke", seeds=[3])
+    assert "benchmark/tetris_eval.py --checkpoint" in task.then and "--run best" in task.then
+    import subprocess
+
+    runs = tmp_path / "runs"
+    exp = "SZTetris-v0__tetris-table3.dsilu__shallow-dsilu"
+    for name in (f"{exp}__3__100", f"{exp}__3__200", f"{exp}__30__300", "SZTetris-v0__other__shallow-dsilu__3__400"):
+        (runs / name).mkdir(parents=True)
+        os.utime(runs / name, (int(name.split("__")[-1]),) * 2)
+    found = task.then.split("--checkpoint ")[1].split(" --run")[0]
+    out = subprocess.run(f"echo {found}", shell=True, cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert out == f"runs/{exp}__3__200/td_lambda_tetris.pt"
+
+
+def test_slurm_dry_run_prints_the_job_script_it_would_submit(capsys, monkeypatch):
+    monkeypatch.chdir(suites.ROOT)
+    assert suites.main(["atari-table2", "--budget", "paper", "--dry-run", "--slurm", "--time", "2-00:00:00"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n+ ") == 24 and "#SBATCH --array=0-23" in out and "#SBATCH --time=2-00:00:00" in out
+    assert 'eval "$line"' in out and not os.path.exists(
+        os.path.join(suites.ROOT, "runs", "slurm", "atari-table2-STAMP")
+    )

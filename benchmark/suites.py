@@ -1,18 +1,20 @@
-"""The Soft MoE paper's figures as task lists: one task = one (game, variant, seed) = one command line.
+"""The two papers' tables and figures as task lists: one task = one (game, variant, seed) = one command line.
 
-benchmark.sh hands its moe-*, atari100k-fig12 and cql-fig11 suites to this file. A suite expands to its tasks at a
-budget (smoke: seconds per task on a CPU; reduced: the README's budget; paper: the paper's), then the tasks are
-printed (--dry-run), run here N at a time (--jobs N), or written as one SLURM job array and submitted (--slurm).
-Every task writes its run directory to runs/{run_name}/ and its log to runs/logs/{suite}/{task}.log, wherever it
-ran, and the launch writes runs/suites/{suite}.json (the task list) so `benchmark.sh report SUITE` can say which
-tasks finished, failed or are missing.
+benchmark.sh hands every suite to this file. A suite expands to its tasks at a budget (smoke: seconds per task on a
+CPU; reduced: the budget of the repository's results; paper: the paper's), then the tasks are printed (--dry-run),
+run here N at a time (--jobs N), or written as one SLURM job array and submitted (--slurm; with --dry-run it prints
+the job script instead). Every task writes its run directory to runs/{run_name}/ and its log to
+runs/logs/{suite}/{task}.log, wherever it ran, and the launch writes runs/suites/{suite}.json (the task list) so
+`benchmark.sh report SUITE` can say which tasks finished, failed or are missing. A task that evaluates what it trained
+(tetris-table3, atari-table3) runs the evaluation after the training, in the same task.
 
-    python suites.py moe-fig1 --budget smoke --dry-run
-    python suites.py atari100k-fig12 --budget reduced --games "Pong Boxing" --seeds "1 2" --jobs 2
-    python suites.py moe-fig1 --budget paper --slurm --partition gpu --time 4-00:00:00 --gpus-per-task 1
+    python benchmark/suites.py tetris-table1 --budget paper --dry-run
+    python benchmark/suites.py atari100k-fig12 --budget reduced --games "Pong Boxing" --seeds "1 2" --jobs 2
+    python benchmark/suites.py moe-fig1 --budget paper --slurm --partition gpu --time 4-00:00:00 --gpus-per-task 1
 """
 
 import argparse
+import csv
 import json
 import os
 import shlex
@@ -23,7 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: tasks run from there
 # Appendix A of Obando-Ceron et al. 2024
 GAMES_20 = """AirRaid Asterix Asteroids Bowling Breakout DemonAttack Freeway Gravitar Jamesbond MontezumaRevenge
   MsPacman Pong PrivateEye Qbert Seaquest SpaceInvaders Venture WizardOfWor YarsRevenge Zaxxon""".split()
@@ -116,11 +118,79 @@ def suite_definition(name: str):
     return None
 
 
-SUITES = ("moe-fig1", "moe-fig4-replay-ratio", "moe-fig6-tokenization", "moe-fig7-cnn", "moe-fig8-random-phi",
-          "moe-fig10-analysis", "atari100k-fig12", "cql-fig11")  # fmt: skip
 SCRIPTS = {"dqn": "algos/dqn_softmoe.py", "rainbow": "algos/rainbow_softmoe.py", "der": "algos/rainbow_softmoe.py",
            "drq-eps": "algos/rainbow_softmoe.py", "cql": "algos/cql_softmoe.py",
            "cql-c51": "algos/cql_softmoe.py"}  # fmt: skip
+
+
+# Elfwing, Uchibe & Doya 2018: Tetris (td_lambda_tetris.py) and Atari (sarsa_lambda_silu_atari.py)
+TABLE2_GAMES = "Alien Amidar Assault Asterix Asteroids Atlantis BankHeist BattleZone BeamRider Bowling Boxing Breakout"
+TABLE3_RULES = ["softmax", "epsilon:0", "epsilon:0.001", "epsilon:0.01", "epsilon:0.05"]
+ELFWING_SUITES = ("tetris-table1", "tetris-10x10", "tetris-table3", "tetris-speed", "atari-table2", "atari-table3",
+                  "atari-speed")  # fmt: skip
+
+
+@dataclass
+class Spec:
+    """One Elfwing task before seeds: its game, variant, training flags, an evaluation of the checkpoint it trains
+    (script and flags; Table 3) and, for a speed measurement, the seconds after which SIGTERM stops it cleanly."""
+
+    game: str
+    variant: str
+    flags: list
+    evaluate: list | None = None
+    seconds: int = 0
+
+
+def elfwing_specs(name: str, budget: str) -> list[Spec]:
+    """paper = the paper's episodes and runs; reduced = the budget of the repository's results (results/*/README.md);
+    smoke = seconds on a CPU."""
+    smoke = budget == "smoke"
+    tetris = {"paper": 200_000, "reduced": 10_000, "smoke": 20}[budget]
+    runs = ["--num-runs", "2" if smoke else "10"]
+    if name == "tetris-table1":  # the four shallow rows in one batched process, then the deep rows (5 runs each)
+        deep = {"paper": 200_000, "reduced": 1000, "smoke": 3}[budget]
+        acts = ["--activation", "dsilu", "sigmoid", "silu", "relu"]
+        specs = [Spec("SZTetris", "shallow", acts + runs + ["--compile", "--total-episodes", str(tetris)])]
+        for act in ("silu-silu", "relu-relu", "silu-dsilu"):
+            flags = ["--network", "deep", "--activation", act, "--num-runs", "2" if smoke else "5"]
+            specs.append(Spec("SZTetris", f"deep-{act}", flags + ["--total-episodes", str(deep)]))
+        return specs
+    if name == "tetris-10x10":  # Fig. 4: 250 hidden units and reward exp(-holes / 16.5), the variant's defaults
+        episodes = {"paper": 400_000, "reduced": 20_000, "smoke": 5}[budget]
+        flags = ["--env-id", "envs/Tetris10x10-v0", "--num-runs", "2" if smoke else "5", "--compile"]
+        return [Spec("Tetris10x10", "dsilu", flags + ["--total-episodes", str(episodes)])]
+    if name == "tetris-table3":  # Table 3 and Fig. 6 on the best of the trained runs, the paper's "best agent"
+        episodes = "3" if smoke else "1000"
+        flags = ["--activation", "dsilu", *runs, "--compile", "--total-episodes", str(tetris)]
+        evaluate = ["benchmark/tetris_eval.py", "--run", "best", "--episodes", episodes,
+                    "--value-analysis-episodes", episodes, "--selections", *TABLE3_RULES]  # fmt: skip
+        return [Spec("SZTetris", "dsilu", flags, evaluate)]
+    if name == "tetris-speed":  # placements/s at 10 and 40 batched runs, compiled (the rate is in summary.json)
+        flags = ["--compile", "--num-runs", "10", "--total-episodes", "100000", "--log-every-seconds", "10"]
+        seconds = 20 if smoke else 100
+        return [Spec("SZTetris", f"speed-{10 * len(acts)}runs", ["--activation", *acts, *flags], seconds=seconds)
+                for acts in (["dsilu"], ["dsilu", "sigmoid", "silu", "relu"])]  # fmt: skip
+    games = ["Breakout"] if smoke else TABLE2_GAMES.split()
+    sarsa = {"paper": ["--total-episodes", "200000"], "reduced": ["--total-episodes", "2000", "--num-envs", "8"],
+             "smoke": ["--total-episodes", "2", "--max-episode-frames", "400"]}[budget]  # fmt: skip
+    if name == "atari-table2":  # Table 2 / Fig. 5: SiLU-dSiLU on the 12 games
+        return [Spec(game, "silu-dsilu", sarsa) for game in games]
+    if name == "atari-table3":  # Table 3's Atari rows and Fig. 7; reduced: the results' tau schedule, compressed 10x
+        if budget == "reduced":
+            sarsa = ["--total-episodes", "20000", "--num-envs", "8", "--tau-k", "0.005"]
+        evaluate = ["benchmark/sarsa_analysis.py", "--eval-episodes", "1" if smoke else "100",
+                    "--eval-selections", *TABLE3_RULES]  # fmt: skip
+        return [Spec(g, "silu-dsilu", sarsa, evaluate) for g in (["Breakout"] if smoke else ["Asterix", "Asteroids"])]
+    if name == "atari-speed":  # agent steps/s at 1 and 8 environments on Asterix
+        flags = ["--total-episodes", "100000", "--log-every-seconds", "30"]
+        return [Spec("Asterix", f"speed-{n}envs", ["--num-envs", str(n), *flags], seconds=20 if smoke else 100)
+                for n in (1, 8)]  # fmt: skip
+    raise KeyError(name)
+
+
+SUITES = ("moe-fig1", "moe-fig4-replay-ratio", "moe-fig6-tokenization", "moe-fig7-cnn", "moe-fig8-random-phi",
+          "moe-fig10-analysis", "atari100k-fig12", "cql-fig11", *ELFWING_SUITES)  # fmt: skip
 
 
 @dataclass
@@ -131,6 +201,8 @@ class Task:
     seed: int
     argv: list
     log: str
+    then: str = ""  # a shell command run after argv succeeded (the evaluation of what it trained)
+    seconds: int = 0  # a speed measurement: SIGTERM after this long stops the run cleanly
 
     @property
     def exp_name(self) -> str:
@@ -138,34 +210,33 @@ class Task:
 
     def shell(self) -> str:
         """One line that runs the task from the repository root and writes its log."""
-        log = shlex.quote(self.log)
-        return f"mkdir -p {shlex.quote(os.path.dirname(self.log))} && {shlex.join(self.argv)} > {log} 2>&1"
+        run = shlex.join(self.argv)
+        if self.seconds:  # timeout's 124 is the planned end; the run has written its summary.json
+            run = f"timeout -s TERM {self.seconds} {run} || [ $? = 124 ]"
+        run += f" && {self.then}" if self.then else ""
+        return f"mkdir -p {shlex.quote(os.path.dirname(self.log))} && ({run}) > {shlex.quote(self.log)} 2>&1"
 
 
 def known_games() -> set:
-    return set(GAMES_20) | set(GAMES_26) | {"Boxing", "RoadRunner"} | set(random_human_scores())
+    return set(GAMES_20) | set(GAMES_26) | set(TABLE2_GAMES.split()) | {"RoadRunner"} | set(atari_scores())
 
 
-def random_human_scores() -> dict:
-    """RANDOM_HUMAN_SCORES of dqn_softmoe.py, read without importing torch."""
-    import ast
-
-    with open(os.path.join(ROOT, "algos", "dqn_softmoe.py")) as f:
-        tree = ast.parse(f.read())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "RANDOM_HUMAN_SCORES":
-            return ast.literal_eval(node.value)
-    return {}
+def atari_scores() -> dict:
+    """benchmark/atari_scores.csv: game -> row (random, human, dqn_nature scores, subsets, sources)."""
+    with open(os.path.join(ROOT, "benchmark", "atari_scores.csv"), newline="") as f:
+        return {row["game"]: row for row in csv.DictReader(f)}
 
 
 def expand(suite, budget, seeds=None, games=None, python=None, dataset="results/cql_cpu/work/dataset", extra=()):
     """The suite's tasks. Raises SystemExit with one line on an unknown suite, budget or game."""
-    definition = suite_definition(suite)
-    if definition is None:
+    if suite not in SUITES:
         raise SystemExit(f"error: unknown suite '{suite}' (known: {', '.join(SUITES)})")
     if budget not in BUDGETS:
         raise SystemExit(f"error: unknown budget '{budget}' (known: {', '.join(BUDGETS)})")
-    default_games, kind, variants = definition
+    if suite in ELFWING_SUITES:
+        seeds = seeds or ([1, 2] if suite == "atari-table2" else [1])  # Table 2: two runs per game
+        return elfwing_expand(suite, budget, seeds, games, python or sys.executable, extra)
+    default_games, kind, variants = suite_definition(suite)
     if games:
         unknown = [g for g in games if g not in known_games()]
         if unknown:
@@ -196,6 +267,30 @@ def expand(suite, budget, seeds=None, games=None, python=None, dataset="results/
     return tasks
 
 
+def elfwing_expand(suite, budget, seeds, games, python, extra):
+    tasks = []
+    for spec in elfwing_specs(suite, budget):
+        if games and spec.game not in games:
+            continue
+        tetris = spec.game in ("SZTetris", "Tetris10x10")
+        script = ["algos/td_lambda_tetris.py"] if tetris else ["algos/sarsa_lambda_silu_atari.py", "--env-id"]
+        for seed in seeds:
+            exp = f"{suite}.{spec.variant}"
+            argv = [python, *script, *([] if tetris else [f"ALE/{spec.game}-v5"]), *spec.flags, "--seed", str(seed),
+                    "--exp-name", exp, *([] if spec.seconds else ["--save-model"]), *extra]  # fmt: skip
+            then = ""
+            if spec.evaluate:  # the newest checkpoint of this task's run (run names end in the start time)
+                checkpoint = "td_lambda_tetris.pt" if tetris else "sarsa_lambda_silu_atari.pt"
+                out = ["--out", f"runs/{exp}.s{seed}.eval"] if tetris else ["--exp-name", f"{exp}.eval"]
+                run_name = f"{spec.game}-v0__{exp}" if tetris else f"{spec.game}__{exp}"  # the scripts' run names
+                found = f'"$(ls -td runs/{run_name}__*__{seed}__*/ | head -n 1){checkpoint}"'
+                evaluate = shlex.join(spec.evaluate[1:] + out)
+                then = f"{shlex.join([python, spec.evaluate[0]])} --checkpoint {found} {evaluate}"
+            log = os.path.join("runs", "logs", suite, f"{spec.game}.{spec.variant}.s{seed}.log")
+            tasks.append(Task(suite, spec.game, spec.variant, seed, argv, log, then, spec.seconds))
+    return tasks
+
+
 def write_manifest(tasks, suite, budget, how, job_id=None):
     os.makedirs(os.path.join("runs", "suites"), exist_ok=True)
     path = os.path.join("runs", "suites", f"{suite}.json")
@@ -220,14 +315,8 @@ def run_local(tasks, jobs: int) -> int:
         return sum(rc != 0 for rc in pool.map(one, tasks))
 
 
-def sbatch_script(tasks, suite, args) -> str:
-    """Write runs/slurm/{suite}-{stamp}/: tasks.txt (one line per array task) and job.sbatch; return its path."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    folder = os.path.join("runs", "slurm", f"{suite}-{stamp}")
-    os.makedirs(folder, exist_ok=True)
-    task_file = os.path.join(folder, "tasks.txt")
-    with open(task_file, "w") as f:
-        f.write("".join(t.shell() + "\n" for t in tasks))
+def sbatch_script(tasks, suite, args, folder: str) -> str:
+    """The job array's script: task i runs line i + 1 of {folder}/tasks.txt (one task per line)."""
     options = [f"--job-name={suite}", f"--array=0-{len(tasks) - 1}", f"--output={folder}/slurm-%A_%a.out",
                f"--cpus-per-task={args.cpus_per_task}"]  # fmt: skip
     if args.partition:
@@ -237,18 +326,26 @@ def sbatch_script(tasks, suite, args) -> str:
     if args.gpus_per_task:
         options.append(f"--gpus-per-task={args.gpus_per_task}")
     header = "".join(f"#SBATCH {o}\n" for o in options)
+    task_file = shlex.quote(os.path.abspath(os.path.join(folder, "tasks.txt")))
     body = (
         f"cd {shlex.quote(ROOT)}\n"
         f"export OMP_NUM_THREADS=${{SLURM_CPUS_PER_TASK:-1}}\n"
-        f'line=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {shlex.quote(os.path.abspath(task_file))})\n'
+        f'line=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {task_file})\n'
         'echo "task $SLURM_ARRAY_TASK_ID on $(hostname): $line"\n'
         'eval "$line"\n'
     )
+    return f"#!/usr/bin/env bash\n# {suite}: {len(tasks)} tasks, one per (game, variant, seed)\n{header}set -u\n{body}"
+
+
+def write_sbatch(tasks, suite, args) -> str:
+    """runs/slurm/{suite}-{stamp}/: tasks.txt and job.sbatch; returns the script's path."""
+    folder = os.path.join("runs", "slurm", f"{suite}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "tasks.txt"), "w") as f:
+        f.write("".join(t.shell() + "\n" for t in tasks))
     path = os.path.join(folder, "job.sbatch")
     with open(path, "w") as f:
-        f.write(
-            f"#!/usr/bin/env bash\n# {suite}: {len(tasks)} tasks, one per (game, variant, seed)\n{header}set -u\n{body}"
-        )
+        f.write(sbatch_script(tasks, suite, args, folder))
     return path
 
 
@@ -295,9 +392,13 @@ def main(argv=None):
     if args.dry_run:
         for t in tasks:
             print(f"+ {t.shell()}")
+        if args.slurm:  # the job script it would submit, over a tasks.txt of the lines above
+            print(
+                f"\n--- job.sbatch ---\n{sbatch_script(tasks, args.suite, args, 'runs/slurm/' + args.suite + '-STAMP')}"
+            )
         return 0
     if args.slurm:
-        script = sbatch_script(tasks, args.suite, args)
+        script = write_sbatch(tasks, args.suite, args)
         out = subprocess.run(["sbatch", "--parsable", script], capture_output=True, text=True)
         if out.returncode != 0:
             raise SystemExit(

@@ -13,9 +13,9 @@ Each table names the budget that was run against the paper's and the number of s
 paper_numbers.json with their sources. PNGs (learning curves per game with seeds shaded, IQM bars with CIs, the
 expert-count scaling of Fig. 1, performance profiles) go beside the markdown in --out.
 
-    python report.py                      # runs/ and results/
-    python report.py moe-fig1             # one suite's runs, and which of its tasks failed or are missing
-    python report.py results/sarsa_atari_reduced --out /tmp/report
+    python benchmark/report.py                      # runs/ and results/
+    python benchmark/report.py moe-fig1             # one suite's runs, and which of its tasks failed or are missing
+    python benchmark/report.py results/sarsa_atari_reduced --out /tmp/report
 """
 
 import argparse
@@ -27,11 +27,12 @@ import sys
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, ROOT)
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)  # the repository: runs/ and results/ live there
+sys.path.insert(0, HERE)
 import suites  # noqa: E402  (the task lists of benchmark.sh's MoE suites, beside this file)
 
-PAPER = json.load(open(os.path.join(ROOT, "paper_numbers.json")))
+PAPER = json.load(open(os.path.join(HERE, "paper_numbers.json")))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
