@@ -643,7 +643,9 @@ def save_checkpoint(path, args, params, episodes, scores, lengths, state=None):
     n = max(int(episodes.max()), 1)
     ckpt = dict(format=CHECKPOINT_FORMAT, architecture=architecture(args), num_runs=args.num_runs, env_id=args.env_id)
     ckpt.update(params={k: v.detach().cpu() for k, v in params.items()}, episodes=episodes.cpu(), args=asdict(args))
-    ckpt.update(scores=scores[:, :n].cpu(), lengths=lengths[:, :n].cpu(), **({"state": state} if state else {}))
+    ckpt.update(
+        scores=scores[:, :n].cpu().clone(), lengths=lengths[:, :n].cpu().clone(), **({"state": state} if state else {})
+    )
     torch.save(ckpt, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)
 

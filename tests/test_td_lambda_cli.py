@@ -82,6 +82,8 @@ def test_a_stopped_run_resumes_exactly_where_it_stopped(tmp_path, monkeypatch, c
     monkeypatch.setattr(td, "stop_signals", lambda: StopAfter(300))
     stopped = run(**kw)
     assert stopped["complete"] is False and min(stopped["per_activation"]["dsilu"]["episodes_per_run"]) < 40
+    history = torch.load(stopped["checkpoint"], weights_only=True)["scores"]  # the episodes played, not the capacity
+    assert history.shape[1] < 40 and history.untyped_storage().nbytes() == history.numel() * 4
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path)
     resumed = run(**kw, resume=stopped["checkpoint"])

@@ -2,6 +2,7 @@
 
     python milestone.py pack runs/<run>/td_lambda_tetris.pt state.npz      # what gets committed (~4 MB at 40 runs)
     python milestone.py unpack state.npz resume.pt                         # then: bash command.sh --resume resume.pt
+    python milestone.py table runs/<run>/td_lambda_tetris.pt 25000          # the table and Fig. 2 at episode 25,000
 
 A checkpoint holds every episode's score and length (40 runs x 200k episodes: ~100 MB at the end), too much for git.
 `pack` keeps everything that training reads (the learner's parameters and traces, the games in progress, the random
@@ -13,6 +14,7 @@ keep the block's placements (so per-block means and totals are right, per-episod
 """
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -93,7 +95,58 @@ def unpack(path: str, out: str):
     print(f"{out}: resumes at episodes {episodes.min():,}-{episodes.max():,} per run")
 
 
+PAPER = {"dsilu": (263, 80, 320), "sigmoid": (232, 75, 293), "silu": (214, 74, 253), "relu": (191, 58, 227)}
+
+
+def table(ckpt_path: str, at: str):
+    """Table 1 at episode `at` of every run (its episodes at-1000 .. at-1), beside the paper's (mean ± sd, best run),
+    and Fig. 2 (mean score per 1,000 episodes of each activation, every run up to `at`) as CSV and PNG here."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ckpt, at = torch.load(ckpt_path, map_location="cpu", weights_only=True), int(at)
+    if int(ckpt["episodes"].min()) < at:
+        raise SystemExit(
+            f"error: the slowest run of {ckpt_path} is at episode {int(ckpt['episodes'].min()):,} < {at:,}"
+        )
+    scores, n = ckpt["scores"][:, :at].double().numpy(), ckpt["num_runs"]
+    acts = ckpt["architecture"]["activation"].split("+")
+    rows = [
+        "| activation | ours: mean ± sd (episodes) | sd over runs | best run | paper: mean ± sd | paper best |",
+        "|---|---|---|---|---|---|",
+    ]
+    curves = {"episode": np.arange(1000, at + 1, 1000)}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for k, act in enumerate(acts):
+        last = scores[k * n : (k + 1) * n, at - 1000 :]  # (runs, 1000)
+        per_run = last.mean(1)
+        mean, best = per_run.mean(), per_run.max()
+        p = PAPER[act]
+        rows.append(
+            f"| {act} | {mean:.1f} ± {last.std():.1f} | {per_run.std():.1f} | {best:.1f} | {p[0]} ± {p[1]} | {p[2]} |"
+        )
+        curve = scores[k * n : (k + 1) * n].reshape(n, -1, 1000).mean(2).mean(0)
+        curves[act] = curve
+        (line,) = ax.plot(curves["episode"], curve, lw=2, label=f"{act} ({n} runs; final {mean:.0f}, paper {p[0]})")
+        ax.axhline(p[0], color=line.get_color(), ls=":", lw=1)
+    print("\n".join(rows))
+    here = os.path.dirname(os.path.abspath(__file__))
+    names = list(curves)
+    np.savetxt(os.path.join(here, "learning_curves.csv"), np.column_stack([curves[k] for k in names]), fmt="%.3f",
+               delimiter=",", header=",".join(names), comments="")  # fmt: skip
+    ax.set(xlabel="episode", ylabel="mean score per 1,000 episodes, mean of the runs")
+    ax.set_title(
+        f"SZ-Tetris, shallow, {at:,} of 200,000 episodes per run (dotted: the paper's final score)", fontsize=9
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(here, "learning_curves.png"), dpi=110)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 4 or sys.argv[1] not in ("pack", "unpack"):
+    commands = {"pack": pack, "unpack": unpack, "table": table}
+    if len(sys.argv) != 4 or sys.argv[1] not in commands:
         raise SystemExit(__doc__)
-    (pack if sys.argv[1] == "pack" else unpack)(sys.argv[2], sys.argv[3])
+    commands[sys.argv[1]](sys.argv[2], sys.argv[3])
