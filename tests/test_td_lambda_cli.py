@@ -72,7 +72,7 @@ class StopAfter:
         return False
 
 
-@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])  # compiling takes ~20 s
 def test_a_stopped_run_resumes_exactly_where_it_stopped(tmp_path, monkeypatch, compiled):
     """Stopped mid-game and resumed, the runs play the same games and learn the same parameters as without the stop
     (traces, games in progress and the generator are in the checkpoint): bit-identical scores and parameters."""
@@ -274,7 +274,8 @@ def random_policy_mean_score(games=300):
     return lines / games
 
 
-def test_shallow_dsilu_agent_clearly_beats_a_random_policy_within_a_minute(tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_shallow_dsilu_agent_clearly_beats_a_random_policy_within_2500_episodes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     random_score = random_policy_mean_score()
     summary = run(total_episodes=2500, num_runs=2, seed=1, final_window=250)
