@@ -54,9 +54,14 @@ for job in "${jobs[@]}"; do
   summary=$(latest "$name" summary.json)
   if grep -q '"complete": true' "$summary"; then
     mkdir -p "$OUT/$name"
-    cp "$(dirname "$summary")"/{summary.json,episodes.csv,learning_curve.png} "$OUT/$name/"
+    segments=("$WORK"/runs/*__"$name"__*)
+    cp "$(dirname "$summary")"/{summary.json,episodes.csv} "$OUT/$name/"
     cp "$WORK/logs/$name.log" "$OUT/$name/train_log.txt"
-    "$PY" "$ROOT/benchmark/scalars.py" "$WORK"/runs/*__"$name"__* --out "$OUT/$name/scalars.csv"
+    "$PY" "$ROOT/benchmark/learning_curve.py" "$(dirname "$summary")" && cp "$(dirname "$summary")/learning_curve.png" "$OUT/$name/"
+    for run in "${segments[@]}"; do  # Fig. 10's statistics from the snapshots (runs of the script before them logged
+      [ -d "$run/snapshots" ] && "$PY" "$ROOT/benchmark/moe_analysis.py" "$run"  # them while training)
+    done
+    "$PY" "$ROOT/benchmark/scalars.py" "${segments[@]}" --out "$OUT/$name/scalars.csv"
   else
     echo "$name: stopped before the end; run the queue again to resume it"; exit 0
   fi
