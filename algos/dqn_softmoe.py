@@ -1057,7 +1057,8 @@ def read_checkpoint(args: Args) -> dict:
     """The checkpoint to resume, with its replay memory under "replay_state"; ValueError with one line otherwise."""
     ckpt = load_checkpoint(args.resume, args)
     if ckpt["global_step"] >= args.total_timesteps:
-        raise ValueError(f"--resume {args.resume!r} is already at step {ckpt['global_step']:,}; raise it")
+        step = ckpt["global_step"]
+        raise ValueError(f"--resume {args.resume!r} is already at step {step:,}; raise --total-timesteps")
     ckpt["replay_state"] = load_replay(args.resume, ckpt["replay"]) if ckpt.get("replay") else None
     return ckpt
 

@@ -582,3 +582,45 @@ def test_phi_adam_eps_gives_phi_its_own_eps_and_leaves_the_rest_at_adam_eps():
             assert torch.allclose(p.detach() - before[n], expected, atol=lr * 1e-3), n
         steps[phi_eps] = float((net.moe.phi.detach() - before["moe.phi"]).abs().mean() / lr)
     assert steps[1e-12] > 0.9 and steps[None] < 0.01, steps
+
+
+def test_eta_counts_only_learning_intervals_so_it_does_not_grow_as_the_rate_settles(monkeypatch, capsys):
+    script = rb
+    args = script.Args(total_timesteps=10_000, log_every_seconds=1.0, write_every_minutes=1e9)
+
+    class Writer:
+        def add_scalar(self, *a, **kw):
+            pass
+
+    clock = [0.0]
+    monkeypatch.setattr(script.time, "time", lambda: clock[0])
+    run = script.Run(args, "breakout", "unused", Writer(), {}, [], start_step=0, t_start=0.0, t_log=0.0, t_write=0.0)
+    # 100 steps/s acting until step 2,000, where learning starts; 10 steps/s from then on
+    lines = []
+    for t, step, updates in [(10, 1_000, 0), (20, 2_000, 0), (30, 2_100, 100), (40, 2_200, 200), (50, 2_300, 300)]:
+        clock[0] = t
+        script.log_step(run, step, [], None, 0.0, updates, {}, None, None, None)
+        lines.append(capsys.readouterr().out.strip().split(" | ")[-1])
+    # before learning: the acting rate gives a lower bound only; the interval in which learning starts is left out
+    assert lines[:3] == [
+        "ETA over 0h01m30s (learning has not started)",
+        "ETA over 0h01m20s (learning has not started)",
+        "ETA over 0h13m10s (no whole interval of learning yet)",
+    ]
+    # learning at a steady 10 steps/s: the ETA is the steps left at that rate and only shrinks
+    assert lines[3:] == ["ETA 0h13m00s at the recent rate", "ETA 0h12m50s at the recent rate"]
+
+    # resumed at step 5,000 with 3,000 updates done and no replay memory: acting only while the memory refills
+    times = dict(t_start=0.0, t_log=0.0, t_write=0.0)
+    run = script.Run(args, "breakout", "unused", Writer(), {}, [], 5_000, **times, log_step=5_000, log_updates=3_000)
+    lines = []
+    for t, step, updates in [(10, 6_000, 3_000), (20, 7_000, 3_000), (30, 7_100, 3_100), (40, 7_200, 3_200)]:
+        clock[0] = t
+        script.log_step(run, step, [], None, 0.0, updates, {}, None, None, None)
+        lines.append(capsys.readouterr().out.strip().split(" | ")[-1])
+    assert lines == [
+        "ETA over 0h00m40s (learning has not started)",
+        "ETA over 0h00m30s (learning has not started)",
+        "ETA over 0h04m50s (no whole interval of learning yet)",
+        "ETA 0h04m40s at the recent rate",
+    ]
