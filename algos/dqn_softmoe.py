@@ -164,13 +164,12 @@ def validate(args: Args) -> str | None:
     for name, value in asdict(args).items():
         if isinstance(value, float) and not math.isfinite(value):
             return f"--{name.replace('_', '-')} must be a finite number, got {value}"
-    moe, dense = (
-        args.moe != "none",
-        "needs an MoE; --moe none has a dense penultimate layer (use --moe softmoe or top1)",
-    )
-    rows, envs = -(-args.buffer_size // max(args.num_envs, 1)), max(args.num_envs, 1)
-    memory, available = rows * envs * FrameReplay.BYTES_PER_TRANSITION, os.sysconf("SC_PAGE_SIZE") * os.sysconf(
-        "SC_PHYS_PAGES")  # fmt: skip
+    moe = args.moe != "none"
+    dense = "needs an MoE; --moe none has a dense penultimate layer (use --moe softmoe or top1)"
+    envs = max(args.num_envs, 1)
+    rows = -(-args.buffer_size // envs)
+    memory = rows * envs * FrameReplay.BYTES_PER_TRANSITION
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     checks = [
         (game_from_env_id(args.env_id) is None, unknown_env_message(args.env_id)),
         (not moe and args.num_experts is not None, f"--num-experts {dense}"),
