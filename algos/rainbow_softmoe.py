@@ -1069,8 +1069,7 @@ class GraphedUpdate:
     """`step(q_net, target_net, optimizer, batch, args)` recorded as one CUDA graph at the first call and replayed on a
     static copy of each batch: one launch instead of the hundreds whose host-side cost bounds an eager update on a GPU.
     Three warm-up steps (cuDNN and cuBLAS pick kernels, Adam makes its state) are undone before the capture, so the
-    weights and moments go on as in eager mode; only random draws (noise, augmentation) differ. Needs
-    Adam(capturable=True)."""
+    weights and moments go on as in eager mode; only random draws differ. Needs Adam(capturable=True)."""
 
     def __init__(self, step, q_net, target_net, optimizer, args):
         self.step, self.q_net, self.target_net, self.optimizer, self.args = step, q_net, target_net, optimizer, args
@@ -1112,7 +1111,7 @@ class GraphedUpdate:
 
 
 class GraphedPolicy:
-    """argmax_a Q(s, a) for every environment, recorded once as a CUDA graph (each replay draws new NoisyNet noise)."""
+    """argmax_a Q(s, a) for every environment, recorded once as a CUDA graph."""
 
     def __init__(self, q_net, num_envs: int):
         device = next(q_net.parameters()).device
@@ -1193,9 +1192,8 @@ def main(args: Args) -> dict:
     tracker = EpisodeTracker(args.num_envs, life_loss, args.truncation_is_terminal, info, noop_steps, rng)
     with stop_signals() as stopped:
         while global_step < args.total_timesteps and not stopped():
-            # NoisyNets explore: the training epsilon is 0 (Dopamine's zero_epsilon)
-            epsilon = 0.0 if args.noisy else epsilon_schedule(global_step, args.epsilon_decay_steps,
-                                                              args.learning_starts, args.end_e)  # fmt: skip
+            epsilon = epsilon_schedule(global_step, args.epsilon_decay_steps, args.learning_starts, args.end_e)
+            epsilon = 0.0 if args.noisy else epsilon  # NoisyNets explore: the training epsilon is 0 (zero_epsilon)
             actions = select_actions(q_net, obs, epsilon, rng, num_actions, device, policy)
             envs.send(tracker.actions(actions))  # the emulators step in their threads while the network learns
 
@@ -1223,8 +1221,7 @@ def main(args: Args) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Outputs: runs/{run_name} (tensorboard, progress line, summary.json, episodes.csv, evaluations), checkpoints,
-# snapshots, video
+# Outputs: runs/{run_name} (tensorboard, progress line, summary.json, episodes.csv), evaluations, checkpoints, snapshots
 # ----------------------------------------------------------------------------------------------------------------------
 class Run:
     """Everything a run writes, and the timers that decide when."""
@@ -1378,8 +1375,8 @@ class Run:
         mean, hns = "-" if mean_return is None else f"{mean_return:.1f}", hns if hns is None else round(hns, 3)
         print(f"done: {global_step:,} steps, {len(self.episodes)} episodes, mean return (last "
               f"{self.summary['episodes_in_mean']}) {mean}, human-normalised {hns}, {self.summary['sps']:,.0f} "
-              "steps/s" + (f"; evaluation {self.summary['eval_mean_return']:.1f}" if self.args.eval_episodes and
-                            "eval_mean_return" in self.summary else ""))  # fmt: skip
+              "steps/s" + (f"; evaluation {self.summary['eval_mean_return']:.1f}" if "eval_mean_return" in self.summary
+                           else ""))  # fmt: skip
         self.writer.close()
         if self.args.track:
             import wandb

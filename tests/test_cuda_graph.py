@@ -49,18 +49,10 @@ def test_the_replayed_update_makes_the_eager_updates(module, network):
     replay, rng = filled_replay(module, args), np.random.default_rng(1)
     batches = [replay.sample(32, rng, args.n_step, args.gamma) for _ in range(3)]
     (q_eager, t_eager, opt_eager), (q_graph, t_graph, opt_graph) = twin_learners(module, args)
-    if module is dqn:  # the loop's one update path: train_step, eagerly or recorded at the first call and replayed
-        update = dqn.GraphedUpdate(dqn.train_step, q_graph, t_graph, opt_graph, args)
-    else:
-        update = rb.GraphedUpdate(rb.rainbow_loss, q_graph, t_graph, opt_graph, batches[0], args)
+    # the loop's one update path: train_step, eagerly or recorded at the first call and replayed
+    update = module.GraphedUpdate(module.train_step, q_graph, t_graph, opt_graph, args)
     for batch in batches:
-        if module is dqn:
-            eager_metrics = dqn.train_step(q_eager, t_eager, opt_eager, dqn.to_tensors(batch, "cuda"), args)
-        else:
-            loss, eager_metrics = rb.rainbow_loss(q_eager, t_eager, rb.to_tensors(batch, "cuda"), args)
-            opt_eager.zero_grad(set_to_none=True)
-            loss.backward()
-            opt_eager.step()
+        eager_metrics = module.train_step(q_eager, t_eager, opt_eager, module.to_tensors(batch, "cuda"), args)
         graph_metrics = update(batch)
         torch.testing.assert_close(graph_metrics["td_loss"], eager_metrics["td_loss"], rtol=1e-4, atol=1e-6)
     for (name, a), b in zip(q_eager.state_dict().items(), q_graph.state_dict().values(), strict=True):
@@ -98,7 +90,7 @@ def test_a_run_with_cuda_graphs_learns_and_writes_its_checkpoint(tmp_path, monke
     kw = dict(kw, env_id="ALE/Breakout-v5", total_timesteps=400, learning_starts=200, buffer_size=3000,
               log_every_seconds=1000.0, cuda_graph=True, device="cuda", save_model=True)  # fmt: skip
     if module is rb:
-        summary = rb.main(rb.preset_args(kw.pop("preset"), analysis_every=0, eval_episodes=0, **kw))
+        summary = rb.main(rb.preset_args(kw.pop("preset"), snapshot_every=0, eval_episodes=0, **kw))
     else:
         summary = dqn.main(dqn.Args(snapshot_every=0, **kw))
     assert summary["complete"] and summary["updates"] > 0
