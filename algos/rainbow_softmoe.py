@@ -954,9 +954,8 @@ def evaluate(q_net, args: Args, rom: str, num_episodes: int, device, rng: np.ran
     envs = make_env(args, rom, num_episodes)
     num_actions = int(envs.single_action_space.n)
     obs, info = envs.reset(seed=args.seed + 1_000_003)  # other emulator seeds than the training games
-    noop_steps = 30 if args.protocol == "atari100k" else 0
-    tracker = EpisodeTracker(num_episodes, args.protocol != "dopamine", args.truncation_is_terminal, info, noop_steps,
-                             rng)  # fmt: skip
+    noop_steps, life_loss = 30 if args.protocol == "atari100k" else 0, args.protocol != "dopamine"
+    tracker = EpisodeTracker(num_episodes, life_loss, args.truncation_is_terminal, info, noop_steps, rng)
     results: list[tuple | None] = [None] * num_episodes
     set_noise(q_net, False)
     try:
@@ -1221,7 +1220,7 @@ def main(args: Args) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Outputs: runs/{run_name} (tensorboard, progress line, summary.json, episodes.csv), evaluations, checkpoints, snapshots
+# Outputs: runs/{run_name} (tensorboard, progress line, summary.json, episodes.csv), checkpoints, snapshots, video
 # ----------------------------------------------------------------------------------------------------------------------
 class Run:
     """Everything a run writes, and the timers that decide when."""
