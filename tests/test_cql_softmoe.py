@@ -1,6 +1,6 @@
-"""algos/cql_softmoe.py and the --save-replay writer: the DQN Replay Dataset reader against files a test writes in the
-exact on-disk format, the round trip save-replay -> load, the CQL penalty by hand, bad files, and smoke runs of both
-agents on a tiny dataset from a real game."""
+"""algos/cql_softmoe.py: the DQN Replay Dataset reader against files a test writes in the exact on-disk format, the CQL
+penalty by hand, bad files, and smoke runs of both agents on a tiny dataset from a real game (dqn_softmoe.py's replay
+memory written by benchmark/replay_to_dataset.py; its own tests are in test_replay_to_dataset.py)."""
 
 import gzip
 import json
@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 import torch
 
+from benchmark import replay_to_dataset
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "algos", "cql_softmoe.py")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# A dataset written by hand in the DQN Replay Dataset's format (independently of ReplayLogger)
+# A dataset written by hand in the DQN Replay Dataset's format (independently of benchmark/replay_to_dataset.py)
 # ----------------------------------------------------------------------------------------------------------------------
 def write_gz(path, array):
     with gzip.open(path, "wb") as f:
@@ -124,48 +126,6 @@ def test_data_percent_reads_the_first_rows_of_every_file(tmp_path):
     args = cql.Args(env_id="ALE/Breakout-v5", dataset_dir=str(tmp_path), data_percent=10.0, checkpoints="1")
     replay = cql.load_dataset(args, 4)
     assert len(replay.frames) == 14 and replay.frames[3, 0, 0] == 1  # file 1's first rows
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Round trip: --save-replay, then load
-# ----------------------------------------------------------------------------------------------------------------------
-def test_save_replay_then_load_gives_the_same_transitions(tmp_path):
-    rng = np.random.default_rng(2)
-    logger = dqn.ReplayLogger(str(tmp_path / "data"), num_envs=2, rows_per_file=64, n_step=1)
-    stored = {0: [], 1: []}  # what each env did: (frame id, action, reward, terminal)
-    counter = 1
-    for t in range(150):
-        frames = np.zeros((2, 84, 84), np.uint8)
-        for k in range(2):
-            frames[k, 0, 0], frames[k, 0, 1] = counter % 256, counter // 256
-            counter += 1
-        actions, rewards = rng.integers(0, 4, 2), rng.uniform(-1, 1, 2).astype(np.float32)
-        terminal = np.array([t % 17 == 16, t % 23 == 22])
-        cut = np.array([False, t == 100])
-        acted = np.array([True, t % 9 != 0])  # env 1 has reset steps now and then
-        step = dqn.Step(acted, terminal & acted, acted & ~cut, np.zeros(2, np.uint8), [])
-        logger.add(frames, actions, rewards, step)
-        for k in np.flatnonzero(acted):
-            stored[k].append((int(frames[k, 0, 0]) + 256 * int(frames[k, 0, 1]), int(actions[k]), float(rewards[k]),
-                              bool(terminal[k] or cut[k])))  # fmt: skip
-    logger.close([(10, 1.0, 5), (20, 2.0, 6)])
-    replay = load(tmp_path / "data")
-    # rebuild the episodes from the files: runs of non-padding rows
-    ids = replay.frames[:, 0, 0].astype(int) + 256 * replay.frames[:, 0, 1].astype(int)
-    written = [
-        (ids[i], int(replay.actions[i]), float(replay.rewards[i]), bool(replay.terminals[i]))
-        for i in range(len(ids))
-        if ids[i]
-    ]
-    for k in (0, 1):  # the episode still running when the run stopped is written as cut, hence terminal
-        if not stored[k][-1][3]:
-            stored[k][-1] = stored[k][-1][:3] + (True,)
-    everything = sorted(stored[0] + stored[1])
-    assert sorted(written) == everything  # every transition once, with its action, clipped reward and terminal flag
-    for i in replay.indices:  # a sampled state is never a padding row, and its successor is the same env's next step
-        assert ids[i] > 0
-    with open(tmp_path / "data" / "behaviour_episodes.csv") as f:
-        assert f.read().splitlines() == ["global_step,return,length", "10,1.0,5", "20,2.0,6"]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -419,7 +379,7 @@ def test_unknown_agent_is_a_one_line_error():
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# End to end on a real game: dqn_softmoe.py --save-replay, then both agents
+# End to end on a real game: dqn_softmoe.py's replay memory as a dataset (benchmark/replay_to_dataset.py), both agents
 # ----------------------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def breakout_dataset(tmp_path_factory):
@@ -427,9 +387,12 @@ def breakout_dataset(tmp_path_factory):
     cwd = os.getcwd()
     os.chdir(where)
     try:
-        dqn.main(dqn.Args(env_id="ALE/Breakout-v5", encoder="nature", moe="none", total_timesteps=500,
-                          learning_starts=100, buffer_size=1000, save_replay="data", save_replay_rows=200,
-                          log_every_seconds=1000.0, analysis_every=0))  # fmt: skip
+        summary = dqn.main(dqn.Args(env_id="ALE/Breakout-v5", encoder="nature", moe="none", total_timesteps=500,
+                                    learning_starts=100, buffer_size=1000, save_model=True, checkpoint_replay=True,
+                                    log_every_seconds=1000.0, snapshot_every=0))  # fmt: skip
+        ckpt = torch.load(summary["checkpoint"], weights_only=True)
+        memory = np.load(os.path.join(os.path.dirname(summary["checkpoint"]), ckpt["replay"]))
+        replay_to_dataset.convert(dict(memory), ckpt["episodes"], "data", rows_per_file=200, n_step=1)
     finally:
         os.chdir(cwd)
     return where / "data"

@@ -46,16 +46,13 @@ def test_the_replayed_update_makes_the_eager_updates(module, network):
     if module is rb:
         args.noisy = False
     args = module.fill_defaults(args)
-    loss_fn = rb.rainbow_loss if module is rb else dqn.dqn_loss
     replay, rng = filled_replay(module, args), np.random.default_rng(1)
     batches = [replay.sample(32, rng, args.n_step, args.gamma) for _ in range(3)]
     (q_eager, t_eager, opt_eager), (q_graph, t_graph, opt_graph) = twin_learners(module, args)
-    update = module.GraphedUpdate(loss_fn, q_graph, t_graph, opt_graph, batches[0], args)
+    # the loop's one update path: train_step, eagerly or recorded at the first call and replayed
+    update = module.GraphedUpdate(module.train_step, q_graph, t_graph, opt_graph, args)
     for batch in batches:
-        loss, eager_metrics = loss_fn(q_eager, t_eager, module.to_tensors(batch, "cuda"), args)
-        opt_eager.zero_grad(set_to_none=True)
-        loss.backward()
-        opt_eager.step()
+        eager_metrics = module.train_step(q_eager, t_eager, opt_eager, module.to_tensors(batch, "cuda"), args)
         graph_metrics = update(batch)
         torch.testing.assert_close(graph_metrics["td_loss"], eager_metrics["td_loss"], rtol=1e-4, atol=1e-6)
     for (name, a), b in zip(q_eager.state_dict().items(), q_graph.state_dict().values(), strict=True):
@@ -91,12 +88,11 @@ def test_a_run_with_cuda_graphs_learns_and_writes_its_checkpoint(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     # eval_episodes 0: drq-eps evaluates 100 episodes by default, which an untrained Breakout agent may never end
     kw = dict(kw, env_id="ALE/Breakout-v5", total_timesteps=400, learning_starts=200, buffer_size=3000,
-              analysis_every=0, log_every_seconds=1000.0, cuda_graph=True, device="cuda", save_model=True,
-              eval_episodes=0)  # fmt: skip
+              log_every_seconds=1000.0, cuda_graph=True, device="cuda", save_model=True)  # fmt: skip
     if module is rb:
-        summary = rb.main(rb.preset_args(kw.pop("preset"), **kw))
+        summary = rb.main(rb.preset_args(kw.pop("preset"), snapshot_every=0, eval_episodes=0, **kw))
     else:
-        summary = dqn.main(dqn.Args(**kw))
+        summary = dqn.main(dqn.Args(snapshot_every=0, **kw))
     assert summary["complete"] and summary["updates"] > 0
     saved = torch.load(summary["checkpoint"], weights_only=True)
     assert all(torch.isfinite(v).all() for v in saved["q_net"].values())
