@@ -267,7 +267,7 @@ def test_each_bad_file_gives_one_line_naming_it(tmp_path, monkeypatch):
 def no_training(tmp_path, monkeypatch):
     """cwd = tmp_path, and the test fails the moment a run would start (its directory, then training)."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cql, "start_run", lambda *a, **k: pytest.fail("training started on a bad dataset"))
+    monkeypatch.setattr(cql, "Run", lambda *a, **k: pytest.fail("training started on a bad dataset"))
 
 
 @pytest.mark.parametrize("n_step", sorted({agent["n_step"] for agent in cql.AGENTS.values()}))
