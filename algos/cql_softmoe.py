@@ -1,25 +1,31 @@
 """Offline CQL and CQL+C51 whose penultimate layer is a Soft MoE, a Top1-MoE or a (widened) dense layer, trained on
 the DQN Replay Dataset and evaluated online in the real ALE game.
 
-Obando-Ceron, Sokar, Willi et al. (ICML 2024), "Mixtures of Experts Unlock Parameter Scaling for Deep RL", §5.1
-(offline RL: Fig. 11 and 17, Table 3), as Dopamine's offline agents build it (labs/offline_rl; softmoe_dopamine.md
-§5.7, §6). The network is dqn_softmoe.py's (tokens, Soft MoE, Top1-MoE: its docstring has the equations), with C51
-atoms and dueling heads for cql-c51:
+Obando-Ceron, Sokar, Willi et al. (ICML 2024), "Mixtures of Experts Unlock Parameter Scaling for Deep RL", §2.2
+(Soft MoE), §3 (the MoE replaces the penultimate dense layer) and §5.1 (offline RL: Fig. 11 and 17, Table 3), as
+Dopamine's offline agents build it (labs/offline_rl; softmoe_dopamine.md §5.7, §6).
 
-    CQL (Kumar et al. 2020), discrete actions, with the action a_D of each sampled transition:
+    tokens X (m x d) from the encoder output C (h x w x d): PerConv = h*w tokens of size d (default),
+    PerFeat = d tokens of size h*w, PerSamp = 1 token of size h*w*d
+    logits  L = X Phi,  Phi in R^{d x (n*p)}, p = ceil(m / n) slots per expert
+    D_ij = exp(L_ij) / sum_i' exp(L_i'j)      dispatch: softmax over the m tokens, per slot
+    C_ij = exp(L_ij) / sum_j' exp(L_ij')      combine: softmax over all n*p slots, per token
+    X~ = D^T X,   Y~_i = f_{floor(i/p)}(X~_i),   Y = C Y~,   Q(s, .) = Dense(flatten(Y))
+    Top1-MoE: softmax(X W_r) sends each token to one expert, which takes at most ceil(m / n) tokens in token order;
+              an overflowing token outputs zero, a kept one gate * f_e(x)
+    CQL (Kumar et al. 2020), discrete actions, a_D the action of the sampled transition:
         L = TD + alpha mean_batch [ logsumexp_a Q(s, a) - Q(s, a_D) ],   alpha = --cql-coef = 0.1
-    --agent cql:     a scalar Q; TD = Huber(y - Q(s, a_D)), y = R + gamma^n (1 - terminal) max_a Q_target(s', a), n 1
-    --agent cql-c51: TD = the cross-entropy of p(s, a_D) against the C51 projection of R + gamma^n (1 - terminal) z
-                     under p_target(s', a*), a* = argmax_a Q(s', a) (double DQN); dueling; n 3; the CQL term takes
-                     the expected Q = sum_i z_i p_i, not each atom
-    data: the first --data-percent of the rows of every file of a DQN Replay Dataset run, sampled uniformly where
-          Dopamine's OutOfGraphReplayBuffer may sample; --num-iterations of --steps-per-iteration gradient steps, each
-          followed by an online evaluation (epsilon 0.001, Dopamine's protocol)
+    --agent cql:     TD = Huber(y - Q(s, a_D)), y = R + gamma^n (1 - terminal) max_a' Q_target(s', a'), n = 1
+    --agent cql-c51: TD = cross-entropy of p(s, a_D) against the C51 projection of R + gamma^n (1 - terminal) z under
+                     p_target(s', a*), a* = argmax_a Q(s', a) (double DQN); dueling; n = 3; Q = sum_i z_i p_i
+    Data: the first --data-percent of the rows of every file of a DQN Replay Dataset run, sampled where Dopamine's
+          OutOfGraphReplayBuffer may sample; --num-iterations of --steps-per-iteration gradient steps, each followed
+          by an online evaluation (epsilon 0.001, Dopamine's protocol)
 
 The paper's setting (Impala, Soft MoE with 8 experts, 5% of a DQN Replay Dataset run, 200 x 62,500 gradient steps):
     python algos/cql_softmoe.py --agent cql --env-id ALE/Pong-v5 --dataset-dir dqn_replay/Pong/1/replay_logs
-Every flag, output, integrity check and difference from the paper: docs/cql_softmoe.md. A dataset from a run of your
-own: benchmark/replay_to_dataset.py.
+Every flag, output and check of the dataset, and the differences from the paper: docs/cql_softmoe.md. A dataset from a
+run of your own: benchmark/replay_to_dataset.py.
 """
 
 from __future__ import annotations
@@ -78,15 +84,13 @@ class Args:
     resume: Annotated[str | None, tyro.conf.arg(aliases=("--load-model",))] = None
     """checkpoint to go on from; --num-iterations counts from the original start; the dataset is read again"""
     write_every_minutes: Annotated[float, tyro.conf.arg(aliases=("--checkpoint-every-minutes",))] = 30.0
-    """how often summary.json, eval_curve.csv and (with --save-model) the checkpoint are rewritten within an iteration
-    (they are after every evaluation)"""
+    """how often summary.json, eval_curve.csv and the checkpoint are rewritten mid-iteration (and after evaluations)"""
     log_every_seconds: float = 10.0
     """how often the progress line is printed"""
 
     # --- data: a run of the DQN Replay Dataset (Agarwal et al. 2020) ---
     dataset_dir: str = ""
-    """a run of the DQN Replay Dataset (e.g. dqn_replay/Pong/1/replay_logs) or a folder written by
-    benchmark/replay_to_dataset.py"""
+    """a DQN Replay Dataset run (e.g. dqn_replay/Pong/1/replay_logs), or a benchmark/replay_to_dataset.py folder"""
     data_percent: float = 5.0
     """the first P% of the rows of every checkpoint file (Dopamine's fixed-replay subset; the paper uses 5, 10, 50)"""
     checkpoints: str = "all"
@@ -98,16 +102,14 @@ class Args:
     env_id: str = "ALE/Pong-v5"
     """Gymnasium ALE id of the dataset's game, ALE/<Game>-v5"""
     protocol: Literal["dopamine", "nature", "atari100k"] = "dopamine"
-    """dopamine: sticky actions 0.25, game over ends the episode (the paper's); nature: 0-29 no-op frames; atari100k:
-    0-29 no-op agent steps (Dopamine's Atari-100k runner)"""
+    """dopamine: sticky actions 0.25 (the paper's); nature: 0-29 no-op frames; atari100k: 0-29 no-op agent steps"""
     max_episode_frames: int = 108_000
     """episode cap in emulator frames (Dopamine's max_steps_per_episode 27,000 agent steps)"""
 
     # --- algorithm: CQL with the labs/offline_rl defaults (the paper's Table 3) ---
     agent: Literal["cql", "cql-c51"] = "cql"
-    """cql: a scalar Q with the Huber TD loss, n 1, Adam 5e-5 / eps 3.125e-4, no dueling, no double DQN. cql-c51: C51
-    with the double-DQN target, dueling, n 3, Adam 6.25e-5 / eps 1.5e-4. It sets the defaults (`--agent NAME --help`
-    shows them); explicit flags override them"""
+    """the defaults of AGENTS (`--agent NAME --help` shows them; explicit flags override them): cql: a scalar Q, Huber
+    TD loss, n 1, Adam 5e-5 / eps 3.125e-4; cql-c51: C51, double DQN, dueling, n 3, Adam 6.25e-5 / eps 1.5e-4"""
     num_iterations: int = 200
     """iterations of --steps-per-iteration gradient steps, each followed by an evaluation"""
     steps_per_iteration: int = 62_500
@@ -121,12 +123,10 @@ class Args:
     n_step: int = 1
     """n of the n-step return (update_horizon)"""
     batch_size: int = 32
-    """transitions per gradient step (one step per sampled batch)"""
+    """transitions per gradient update"""
     target_network_frequency: int = 2000
-    """gradient steps between hard copies into the target network (target_update_period). The reference's gin files
-    differ: jax_rainbow.gin (the public offline Rainbow / CQL+C51 config) uses 100, jax_classy_cql.gin 2,000. We follow
-    jax_classy_cql.gin for both agents: it is the CQL config, and 2,000 gradient steps is DQN's 8,000 agent steps at one
-    update per 4, the period the CQL papers' Dopamine agents inherited"""
+    """gradient steps between hard target copies (target_update_period): jax_classy_cql.gin's 2,000 for both agents
+    (jax_rainbow.gin's offline CQL+C51 uses 100; docs/cql_softmoe.md says why we follow the CQL file)"""
     cql_coef: float = 0.1
     """alpha, the weight of the CQL term (bc_coefficient in the reference's gin files)"""
     num_atoms: int = 1
@@ -1049,9 +1049,7 @@ class Run:
     def __init__(self, args, rom, q_net, target_net, optimizer, replay, rng, device, updates, evaluations):
         self.args, self.rom, self.game, self.q_net, self.target_net = args, rom, camel_name(rom), q_net, target_net
         self.optimizer, self.rng, self.evaluations = optimizer, rng, evaluations
-        self.start_updates = self.log_updates = updates
-        self.sample_seconds = self.eval_seconds = self.log_eval_seconds = 0.0  # sampling batches, evaluating
-        self.recent_sps = 0.0  # moving average of the gradient steps/s between progress lines, for the ETA
+        self.start_updates, self.sample_seconds, self.eval_seconds = updates, 0.0, 0.0  # time sampling, evaluating
         self.t_start = self.t_log = self.t_write = time.time()
         variant = f"{args.agent}-{args.moe}-{args.encoder}"
         base = f"{self.game}__{args.exp_name}__{variant}__{args.seed}__{int(time.time())}"
@@ -1072,10 +1070,9 @@ class Run:
         self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
         parts = {name: count_parameters(child) for name, child in q_net.named_children()}
         resumed = f"; resuming at gradient step {updates:,}" if updates else ""
-        print(
-            f"{self.run_name}: {args.agent}, {args.moe} on the {args.encoder} encoder, {sum(parts.values()):,} "
-            f"parameters {parts}, {replay.num_transitions:,} transitions to sample from, device {device}{resumed}"
-        )
+        print(f"{self.run_name}: {args.agent}, {args.moe} on the {args.encoder} encoder, {sum(parts.values()):,} "
+              f"parameters {parts}, {replay.num_transitions:,} transitions to sample from, device {device}"
+              f"{resumed}")  # fmt: skip
         dataset = dict(rows=len(replay.frames), transitions_sampled_from=replay.num_transitions,
                        episode_ends=replay.episodes_started, loading_path="Dopamine's fixed-replay path: the first "
                        "--data-percent rows of every checkpoint file")  # fmt: skip
@@ -1089,24 +1086,21 @@ class Run:
         """The progress line and the periodic outputs."""
         args, writer, now = self.args, self.writer, time.time()
         if now - self.t_log >= args.log_every_seconds:
-            sps = (updates - self.start_updates) / max(now - self.t_start - self.eval_seconds, 1e-9)
-            learning = max(now - self.t_log - (self.eval_seconds - self.log_eval_seconds), 1e-9)  # since the last line
-            recent = (updates - self.log_updates) / learning
-            self.recent_sps = recent if self.recent_sps == 0 else 0.7 * self.recent_sps + 0.3 * recent
+            sps = (updates - self.start_updates) / max(now - self.t_start - self.eval_seconds, 1e-9)  # evaluations out
             for k in ("td_loss", "cql_penalty", "aux_loss", "q_values", "phi_grad_rms"):
                 if k in metrics:
                     writer.add_scalar(f"losses/{k}", float(metrics[k]), updates)
             writer.add_scalar("charts/gradient_steps_per_second", sps, updates)
             total, spi = args.num_iterations * args.steps_per_iteration, args.steps_per_iteration
             timed = len(self.evaluations) - self.start_updates // spi  # the evaluations of this segment
-            left = eta(total - updates, self.recent_sps, args.num_iterations - updates // spi,
+            left = eta(total - updates, sps, args.num_iterations - updates // spi,
                        self.eval_seconds / timed if timed > 0 else None)  # fmt: skip
             td, penalty = (float(metrics.get(k, float("nan"))) for k in ("td_loss", "cql_penalty"))
             last = f"{self.evaluations[-1]['mean_return']:.1f}" if self.evaluations else "-"
             print(f"iteration {min(updates // spi + 1, args.num_iterations)}/{args.num_iterations} | gradient step "
                   f"{updates:,}/{total:,} | {sps:,.1f} steps/s | td loss {td:.4f} | cql penalty {penalty:.3f} | "
                   f"last evaluation {last} | {left}", flush=True)  # fmt: skip
-            self.t_log, self.log_updates, self.log_eval_seconds = now, updates, self.eval_seconds
+            self.t_log = now
         if now - self.t_write >= 60 * args.write_every_minutes:
             self.write_outputs(updates, complete=False)
             self.t_write = now
@@ -1207,16 +1201,16 @@ class Run:
         return self.summary
 
 
-def eta(steps_left: int, steps_per_second: float, evaluations_left: int, seconds_per_evaluation: float | None) -> str:
-    """Time left: the gradient steps at the recent rate (evaluations excluded), plus the evaluations still to come at
-    the mean time of this segment's; until one has been timed, the time of the gradient steps alone, a lower bound."""
-    if steps_per_second <= 0:
+def eta(steps_left: int, sps: float, evaluations_left: int, seconds_per_evaluation: float | None) -> str:
+    """Time left: the gradient steps at this segment's rate (evaluations excluded) plus the evaluations to come at the
+    mean time of this segment's; until one has been timed, the gradient steps' time alone, a lower bound."""
+    if sps <= 0:
         return "ETA ?"
-    learning = steps_left / steps_per_second
+    learning = steps_left / sps
     if seconds_per_evaluation is None and evaluations_left:
         return f"ETA over {fmt_time(learning)} (no evaluation timed yet)"
     total = learning + evaluations_left * (seconds_per_evaluation or 0.0)
-    return f"ETA {fmt_time(total)} at the recent rate, evaluations included"
+    return f"ETA {fmt_time(total)} (evaluations included)"
 
 
 def read_checkpoint(args: Args) -> dict:
