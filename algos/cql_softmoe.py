@@ -1022,7 +1022,7 @@ def main(args: Args) -> dict:
             raise SystemExit(f"error: --resume {args.resume!r} does not fit this run ({err})") from None
     run = Run(args, rom, q_net, target_net, optimizer, replay, rng, device, updates, evaluations)
 
-    total_updates, metrics = args.num_iterations * args.steps_per_iteration, {}
+    total_updates = args.num_iterations * args.steps_per_iteration
     with stop_signals() as stopped:
         while updates < total_updates and not stopped():
             t_sample = time.perf_counter()
