@@ -491,12 +491,12 @@ class OfflineReplay:
         total = sum(f.rows for f in files)
         self.frames = np.empty((total,) + FRAME_SHAPE, dtype=np.uint8)
         self.actions, self.rewards = np.empty(total, dtype=np.int64), np.empty(total, dtype=np.float32)
-        self.terminals = np.empty(total, dtype=bool)
+        self.terminals = np.empty(total, dtype=bool)  # the files' uint8 terminals are stored as != 0
         indices, start = [], 0
         for f in files:
             end = start + f.rows
             for name, array in zip(STORE, (self.frames, self.actions, self.rewards, self.terminals), strict=True):
-                array[start:end] = read_rows(store_path(directory, name, f.index), f.rows, to_end)  # terminal: != 0
+                array[start:end] = read_rows(store_path(directory, name, f.index), f.rows, to_end)
             indices.append(start + self.sample_indices(f, self.terminals[start:end], n_step))
             start = end
         self.indices = np.concatenate(indices)
@@ -526,7 +526,7 @@ class OfflineReplay:
         return len(self.indices)
 
     def sample(self, batch_size: int, rng: np.random.Generator, n_step: int = 1, gamma: float = 0.99) -> dict:
-        """Uniform over the indices that may be sampled; n-step returns cut at the first terminal, as FrameReplay."""
+        """Uniform over the indices that may be sampled; n-step returns stop at the first terminal (as dqn's replay)."""
         i = self.indices[rng.integers(0, len(self.indices), size=batch_size)]
         offsets = np.arange(n_step)
         terminal = self.terminals[i[:, None] + offsets]  # (B, n)
