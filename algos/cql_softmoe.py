@@ -17,7 +17,8 @@ Dopamine's offline agents build it (labs/offline_rl; softmoe_dopamine.md §5.7, 
         L = TD + alpha mean_batch [ logsumexp_a Q(s, a) - Q(s, a_D) ],   alpha = --cql-coef = 0.1
     --agent cql:     TD = Huber(y - Q(s, a_D)), y = R + gamma^n (1 - terminal) max_a' Q_target(s', a'), n = 1
     --agent cql-c51: TD = cross-entropy of p(s, a_D) against the C51 projection of R + gamma^n (1 - terminal) z under
-                     p_target(s', a*), a* = argmax_a Q(s', a) (double DQN); dueling; n = 3; Q = sum_i z_i p_i
+                     p_target(s', a*), a* = argmax_a Q(s', a) (double DQN); dueling; n = 3; the CQL term on
+                     the expected Q = sum_i z_i p_i
     Data: the first --data-percent of the rows of every file of a DQN Replay Dataset run, sampled where Dopamine's
           OutOfGraphReplayBuffer may sample; --num-iterations of --steps-per-iteration gradient steps, each followed
           by an online evaluation (epsilon 0.001, Dopamine's protocol)
