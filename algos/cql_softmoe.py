@@ -1,40 +1,32 @@
 """Offline CQL and CQL+C51 whose penultimate layer is a Soft MoE, a Top1-MoE or a (widened) dense layer, trained on
-the DQN Replay Dataset (or on a dataset in its format written by dqn_softmoe.py --save-replay) and evaluated online in
-the real ALE game.
+the DQN Replay Dataset and evaluated online in the real ALE game.
 
-Obando-Ceron, Sokar, Willi et al. (ICML 2024), "Mixtures of Experts Unlock Parameter Scaling for Deep RL", §5.1 (offline
-RL: Fig. 11 and 17, Table 3), as Dopamine's offline agents build it (labs/offline_rl; shared/reference/
-softmoe_dopamine.md §5.7, §6). The Soft MoE / Top1-MoE equations are those of dqn_softmoe.py; this file started as a
-copy of rainbow_softmoe.py (the same names and order) without the noise, the priorities and the environment loop:
+Obando-Ceron, Sokar, Willi et al. (ICML 2024), "Mixtures of Experts Unlock Parameter Scaling for Deep RL", §2.2
+(Soft MoE), §3 (the MoE replaces the penultimate dense layer) and §5.1 (offline RL: Fig. 11 and 17, Table 3), as
+Dopamine's offline agents build it (labs/offline_rl; softmoe_dopamine.md §5.7, §6).
 
-    CQL (Kumar et al. 2020) for discrete actions, with the data action a_D of each sampled transition:
-        L = TD + alpha mean_batch [ logsumexp_a Q(s, a) - Q(s, a_D) ],  alpha = --cql-coef = 0.1
-    --agent cql:     a scalar Q; TD = Huber(y - Q(s, a_D)), y = R + gamma^n (1 - terminal) max_a Q_target(s', a); n 1;
-                     Adam 5e-5 / eps 3.125e-4; no dueling, no double DQN (the paper's Table 3)
-    --agent cql-c51: TD = the C51 cross-entropy against the projected double-DQN target (rainbow_softmoe.py); dueling;
-                     n 3; Adam 6.25e-5 / eps 1.5e-4; the CQL term uses the expected Q = sum_i z_i p_i, not each atom
-    both: batch 32, gamma 0.99, one gradient step per sampled batch, clipped rewards (the dataset stores them clipped)
+    tokens X (m x d) from the encoder output C (h x w x d): PerConv = h*w tokens of size d (default),
+    PerFeat = d tokens of size h*w, PerSamp = 1 token of size h*w*d
+    logits  L = X Phi,  Phi in R^{d x (n*p)}, p = ceil(m / n) slots per expert
+    D_ij = exp(L_ij) / sum_i' exp(L_i'j)      dispatch: softmax over the m tokens, per slot
+    C_ij = exp(L_ij) / sum_j' exp(L_ij')      combine: softmax over all n*p slots, per token
+    X~ = D^T X,   Y~_i = f_{floor(i/p)}(X~_i),   Y = C Y~,   Q(s, .) = Dense(flatten(Y))
+    Top1-MoE: softmax(X W_r) sends each token to one expert, which takes at most ceil(m / n) tokens in token order;
+              an overflowing token outputs zero, a kept one gate * f_e(x)
+    CQL (Kumar et al. 2020), discrete actions, a_D the action of the sampled transition:
+        L = TD + alpha mean_batch [ logsumexp_a Q(s, a) - Q(s, a_D) ],   alpha = --cql-coef = 0.1
+    --agent cql:     TD = Huber(y - Q(s, a_D)), y = R + gamma^n (1 - terminal) max_a' Q_target(s', a'), n = 1
+    --agent cql-c51: TD = cross-entropy of p(s, a_D) against the C51 projection of R + gamma^n (1 - terminal) z under
+                     p_target(s', a*), a* = argmax_a Q(s', a) (double DQN); dueling; n = 3; the CQL term on
+                     the expected Q = sum_i z_i p_i
+    Data: the first --data-percent of the rows of every file of a DQN Replay Dataset run, sampled where Dopamine's
+          OutOfGraphReplayBuffer may sample; --num-iterations of --steps-per-iteration gradient steps, each followed
+          by an online evaluation (epsilon 0.001, Dopamine's protocol)
 
-Schedule: --num-iterations (200 in the paper) of --steps-per-iteration gradient steps (62,500); after each iteration
-the greedy policy (epsilon 0.001) is evaluated online under Dopamine's protocol (sticky actions, 108k-frame cap) for
---eval-steps agent steps (Dopamine's evaluation_steps, 125,000) or --eval-episodes games.
-
-Data (--dataset-dir): a run directory of the DQN Replay Dataset (its replay_logs/ or the folder with the files):
-per checkpoint N, `$store$_{observation,action,reward,terminal}_ckpt.N.gz` (gzipped .npy, single 84x84 frames,
-clipped rewards), `add_count_ckpt.N.gz` and `invalid_range_ckpt.N.gz`. --data-percent P follows Dopamine's
-fixed-replay path (labs/offline_rl/fixed_replay.py): every checkpoint file is truncated to its first P% of rows (plus
-the stack), and a transition is sampled as Dopamine's OutOfGraphReplayBuffer allows (rows 3.., not in invalid_range,
-no terminal among the three frames before the last of its stack, its n-step window inside the rows read and not
-across the write cursor). Dopamine loads 5 random checkpoint files per iteration; this script keeps every chosen file in
-memory at once, so every iteration samples from the whole subset. The observations are streamed from the gzip only up
-to the rows needed; at 100% (or with --verify-dataset) every file is read to its end, where its CRC-32 is checked.
-
-The paper's offline setting (Impala, Soft MoE with 8 experts, 5% of a DQN Replay Dataset run):
+The paper's setting (Impala, Soft MoE with 8 experts, 5% of a DQN Replay Dataset run, 200 x 62,500 gradient steps):
     python algos/cql_softmoe.py --agent cql --env-id ALE/Pong-v5 --dataset-dir dqn_replay/Pong/1/replay_logs
-    python algos/cql_softmoe.py --agent cql-c51 --env-id ALE/Pong-v5 --dataset-dir dqn_replay/Pong/1/replay_logs
-a dataset of your own, with no download:
-    python algos/dqn_softmoe.py --env-id ALE/Pong-v5 --save-replay data/pong --total-timesteps 500000
-    python algos/cql_softmoe.py --env-id ALE/Pong-v5 --dataset-dir data/pong --data-percent 100
+Every flag, output and check of the dataset, and the differences from the paper: docs/cql_softmoe.md. A dataset from a
+run of your own: benchmark/replay_to_dataset.py.
 """
 
 from __future__ import annotations
@@ -43,6 +35,7 @@ import contextlib
 import csv
 import difflib
 import gzip
+import importlib.util
 import json
 import math
 import os
@@ -51,7 +44,7 @@ import re
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Annotated, Literal, NamedTuple
 
@@ -71,10 +64,6 @@ STACK = 4
 @dataclass
 class Args:
     # --- experiment ---
-    agent: Literal["cql", "cql-c51"] = "cql"
-    """cql: a scalar Q with the Huber TD loss, n 1, Adam 5e-5 / eps 3.125e-4, no dueling, no double DQN. cql-c51: C51
-    with the double-DQN target, dueling, n 3, Adam 6.25e-5 / eps 1.5e-4 (the paper's Table 3). Flags given after it
-    override the agent's values; `--agent NAME --help` shows them as the defaults"""
     exp_name: str = SCRIPT
     """name of this experiment (part of the run name)"""
     seed: int = 1
@@ -90,51 +79,42 @@ class Args:
     wandb_entity: str | None = None
     """the wandb entity (team)"""
     capture_video: bool = False
-    """write what the agent sees in the first evaluation game of every iteration (84x84 frames) as mp4 under
-    runs/{run_name}/videos/"""
+    """write what the agent sees in the first evaluation game of every iteration as mp4 to runs/{run_name}/videos/"""
     save_model: bool = False
-    """save the networks, the optimiser, the gradient-step counter, the evaluations and the random generators to
-    runs/{run_name}/{script}.pt, at the end of every iteration and every --write-every-minutes"""
+    """save networks, optimiser, counters, evaluations and generators to runs/{run_name}/{script}.pt, also mid-run"""
     resume: Annotated[str | None, tyro.conf.arg(aliases=("--load-model",))] = None
-    """checkpoint to resume (alias --load-model); --num-iterations counts from the start of the original run; the
-    dataset is read again"""
+    """checkpoint to go on from; --num-iterations counts from the original start; the dataset is read again"""
+    write_every_minutes: Annotated[float, tyro.conf.arg(aliases=("--checkpoint-every-minutes",))] = 30.0
+    """how often summary.json, eval_curve.csv and the checkpoint are rewritten mid-iteration (and after evaluations)"""
     log_every_seconds: float = 10.0
     """how often the progress line is printed"""
-    write_every_minutes: Annotated[float, tyro.conf.arg(aliases=("--checkpoint-every-minutes",))] = 30.0
-    """how often summary.json, the evaluation curve and (with --save-model) the checkpoint are rewritten within an
-    iteration (alias --checkpoint-every-minutes); they are always rewritten after each evaluation"""
 
-    # --- data ---
+    # --- data: a run of the DQN Replay Dataset (Agarwal et al. 2020) ---
     dataset_dir: str = ""
-    """a run of the DQN Replay Dataset (e.g. dqn_replay/Pong/1/replay_logs) or a folder written by
-    dqn_softmoe.py --save-replay"""
+    """a DQN Replay Dataset run (e.g. dqn_replay/Pong/1/replay_logs), or a benchmark/replay_to_dataset.py folder"""
     data_percent: float = 5.0
-    """the first P% of the rows of every checkpoint file (Dopamine's fixed-replay subset; the paper uses 5, 10, 50;
-    100 takes everything)"""
+    """the first P% of the rows of every checkpoint file (Dopamine's fixed-replay subset; the paper uses 5, 10, 50)"""
     checkpoints: str = "all"
-    """which checkpoint files to read: 'all', a list '0,1,7' or a range '40-49' (later files hold later, better
-    policies' data)"""
+    """which checkpoint files to read: 'all', a list '0,1,7' or a range '40-49' (later files: better policies' data)"""
     verify_dataset: bool = False
-    """below 100%: read every chosen file to its end once (the whole gzip is decompressed, the time is printed), so
-    its CRC-32 and length are checked; at 100% this always happens (docs/cql_dataset_integrity.md)"""
+    """below 100%: read every chosen file to its end once, so gzip checks its CRC-32 and length (always done at 100%)"""
 
     # --- environment of the online evaluation (ale_py.AtariVectorEnv) ---
     env_id: str = "ALE/Pong-v5"
     """Gymnasium ALE id of the dataset's game, ALE/<Game>-v5"""
     protocol: Literal["dopamine", "nature", "atari100k"] = "dopamine"
-    """the evaluation's protocol (as dqn_softmoe.py): dopamine = sticky actions 0.25, no no-op starts, game over only"""
+    """dopamine: sticky actions 0.25 (the paper's); nature: 0-29 no-op frames; atari100k: 0-29 no-op agent steps"""
     max_episode_frames: int = 108_000
     """episode cap in emulator frames (Dopamine's max_steps_per_episode 27,000 agent steps)"""
-    truncation_is_terminal: bool = False
-    """(for the shared episode tracker; the evaluation only counts returns)"""
 
-    # --- algorithm ---
+    # --- algorithm: CQL with the labs/offline_rl defaults (the paper's Table 3) ---
+    agent: Literal["cql", "cql-c51"] = "cql"
+    """the defaults of AGENTS (`--agent NAME --help` shows them; explicit flags override them): cql: a scalar Q, Huber
+    TD loss, n 1, Adam 5e-5 / eps 3.125e-4; cql-c51: C51, double DQN, dueling, n 3, Adam 6.25e-5 / eps 1.5e-4"""
     num_iterations: int = 200
     """iterations of --steps-per-iteration gradient steps, each followed by an evaluation"""
     steps_per_iteration: int = 62_500
-    """gradient steps per iteration (Dopamine's training_steps of the offline runner)"""
-    cql_coef: float = 0.1
-    """alpha, the weight of the CQL term (bc_coefficient in the reference's gin files)"""
+    """gradient steps per iteration (training_steps of Dopamine's offline runner)"""
     learning_rate: float = 5e-5
     """Adam learning rate"""
     adam_eps: float = 3.125e-4
@@ -144,12 +124,12 @@ class Args:
     n_step: int = 1
     """n of the n-step return (update_horizon)"""
     batch_size: int = 32
-    """transitions per gradient step"""
+    """transitions per gradient update"""
     target_network_frequency: int = 2000
-    """gradient steps between hard copies into the target network. The reference's gin files differ: jax_rainbow.gin
-    (the public offline Rainbow / CQL+C51 config) uses 100, jax_classy_cql.gin 2,000. We follow jax_classy_cql.gin for
-    both agents: it is the CQL config, and 2,000 gradient steps is DQN's 8,000 agent steps at one update per 4, the
-    period the CQL papers' Dopamine agents inherited"""
+    """gradient steps between hard target copies (target_update_period): jax_classy_cql.gin's 2,000 for both agents
+    (jax_rainbow.gin's offline CQL+C51 uses 100; docs/cql_softmoe.md says why we follow the CQL file)"""
+    cql_coef: float = 0.1
+    """alpha, the weight of the CQL term (bc_coefficient in the reference's gin files)"""
     num_atoms: int = 1
     """atoms of the C51 distribution; 1 = a scalar Q with the Huber loss"""
     v_min: float = -10.0
@@ -163,30 +143,30 @@ class Args:
 
     # --- network ---
     encoder: Literal["impala", "nature"] = "impala"
-    """impala: 3 ResNet stacks 16/32/32 (the paper's Fig. 11 and 17); nature: 3 convs 32/64/64; TF 'SAME' padding"""
+    """impala: 3 ResNet stacks 16/32/32 (the paper's Fig. 11 and 17); nature: 3 convs 32/64/64"""
     moe: Literal["softmoe", "top1", "none"] = "softmoe"
     """what replaces the penultimate dense layer: Soft MoE, Top1-MoE, or none (the dense 512-unit baseline)"""
     num_experts: int | None = None
-    """experts n (default 8, the paper's offline figures)"""
+    """experts n (default 8)"""
     tokenization: Literal["perconv", "perfeat", "persamp"] | None = None
-    """how the encoder output becomes tokens (default perconv)"""
+    """how the encoder output becomes tokens (default perconv; Fig. 6)"""
     expert_width: int | None = None
-    """hidden units of each expert (default 512)"""
+    """hidden units of each expert (default 512; Fig. 5 uses 512 / n)"""
     random_phi: bool = False
-    """softmoe: redraw Phi from N(0, 1) at every forward call instead of learning it"""
+    """softmoe: redraw Phi from N(0, 1) at every forward call instead of learning it (Fig. 8)"""
     moe_normalize: bool = False
-    """softmoe: l2-normalise the tokens and the columns of Phi, times a learned scalar, for the logits"""
+    """softmoe: l2-normalise the tokens and the columns of Phi, times a learned scalar, for the logits (Fig. 13)"""
     width_multiplier: int = 1
-    """none: widen the penultimate dense layer to 512 x k units"""
+    """none: widen the penultimate dense layer to 512 x k units (the scaled baseline of Fig. 1)"""
     load_balance_coef: float = 0.0
     """top1: weight of the importance and load losses added to the loss (0 = off, the reference's default)"""
     bf16: bool = False
-    """run the encoder in bfloat16 autocast (faster only on CPUs with AVX512-BF16/AMX and on GPUs)"""
+    """run the encoder in bfloat16 autocast; the MoE, the head and the loss stay float32"""
 
-    # --- evaluation (online, after every iteration) ---
+    # --- evaluation (online, after every iteration: Dopamine's evaluation phase) ---
     eval_steps: int = 125_000
-    """agent steps of each evaluation phase, summed over --eval-envs (Dopamine's evaluation_steps); the mean return
-    of the games that end within them is the iteration's score. 0 = use --eval-episodes"""
+    """agent steps of each evaluation, summed over --eval-envs (evaluation_steps); the mean return of the games that
+    end within them is the iteration's score. 0 = use --eval-episodes"""
     eval_episodes: int = 0
     """if set, replaces --eval-steps: this many games, one per parallel environment, each to its end"""
     eval_envs: int = 8
@@ -195,9 +175,6 @@ class Args:
     """epsilon of the evaluation policy (epsilon_eval)"""
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Setup: the agents, defaults, validation, the game
-# ----------------------------------------------------------------------------------------------------------------------
 # What each agent sets (the paper's Table 3; softmoe_dopamine.md §5.7)
 AGENTS = {
     "cql": dict(num_atoms=1, dueling=False, double=False, n_step=1, learning_rate=5e-5, adam_eps=3.125e-4),
@@ -233,119 +210,168 @@ def fill_defaults(args: Args) -> Args:
 
 
 def validate(args: Args) -> str | None:
-    """One clear line for each impossible setting, checked before anything is read or written."""
-    if game_from_env_id(args.env_id) is None:
-        return unknown_env_message(args.env_id)
-    error = validate_network(args) or validate_common(args)
-    if error:
-        return error
-    if not args.dataset_dir:
-        return "--dataset-dir is required: a DQN Replay Dataset run, or a folder from dqn_softmoe.py --save-replay"
-    if not 0 < args.data_percent <= 100:
-        return f"--data-percent must lie in (0, 100], got {args.data_percent}"
-    if parse_checkpoints(args.checkpoints) is None:
-        return f"--checkpoints {args.checkpoints!r}: give 'all', a list like '0,1,7' or a range like '40-49'"
-    if args.num_atoms < 1:
-        return f"--num-atoms must be at least 1 (1 = a scalar Q), got {args.num_atoms}"
-    if args.num_atoms > 1 and args.v_min >= args.v_max:
-        return f"--v-min ({args.v_min}) must be below --v-max ({args.v_max})"
-    if args.cql_coef < 0:
-        return "--cql-coef must be >= 0"
-    if args.eval_steps < 0 or args.eval_episodes < 0 or args.eval_envs < 1:
-        return "--eval-steps and --eval-episodes must be >= 0 and --eval-envs at least 1"
-    if args.eval_steps == 0 and args.eval_episodes == 0:
-        return "the evaluation needs a budget: --eval-steps N or --eval-episodes N"
-    if not 0 <= args.eval_epsilon <= 1:
-        return "--eval-epsilon must lie in [0, 1]"
-    return None
-
-
-def validate_common(args) -> str | None:
-    """The sizes, rates, schedule and device."""
-    numbers = {k: v for k, v in asdict(args).items() if isinstance(v, float)}
-    for name, value in numbers.items():
-        if not math.isfinite(value):
+    """One clear line for the first impossible setting, checked before anything is read or written."""
+    for name, value in asdict(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
             return f"--{name.replace('_', '-')} must be a finite number, got {value}"
-    if args.batch_size < 1 or args.n_step < 1:
-        return "--batch-size and --n-step must be at least 1"
-    if args.learning_rate <= 0 or args.target_network_frequency < 1:
-        return "--learning-rate and --target-network-frequency must be positive"
-    if args.num_iterations < 1 or args.steps_per_iteration < 1:
-        return "--num-iterations and --steps-per-iteration must be at least 1"
-    if not 0 <= args.gamma <= 1:
-        return "--gamma must lie in [0, 1]"
-    if args.device != "auto" and args.device.startswith("cuda") and not torch.cuda.is_available():
-        return f"--device {args.device} asked for CUDA but torch sees no GPU; use --device cpu or auto"
-    return None
-
-
-def validate_network(args: Args) -> str | None:
-    if args.moe == "none":
-        for flag, value in (("--num-experts", args.num_experts), ("--tokenization", args.tokenization)):
-            if value is not None:
-                return f"{flag} needs an MoE; --moe none has a dense penultimate layer (use --moe softmoe or top1)"
-        if args.expert_width is not None:
-            return "--expert-width needs an MoE; widen the --moe none baseline with --width-multiplier"
-    else:
-        if args.num_experts < 1:
-            return f"--num-experts must be at least 1, got {args.num_experts}"
-        if args.expert_width < 1:
-            return f"--expert-width must be at least 1, got {args.expert_width}"
-        if args.width_multiplier != 1:
-            return "--width-multiplier widens the --moe none baseline; scale an MoE with --num-experts"
-    if args.moe != "softmoe" and (args.random_phi or args.moe_normalize):
-        return "--random-phi and --moe-normalize act on Soft MoE's Phi; they need --moe softmoe"
-    if args.moe != "top1" and args.load_balance_coef != 0:
-        return "--load-balance-coef needs --moe top1 (Soft MoE has no router to balance)"
-    if args.width_multiplier < 1 or args.load_balance_coef < 0:
-        return "--width-multiplier must be at least 1 and --load-balance-coef non-negative"
-    return None
-
-
-def make_env(args: Args, rom: str, num_envs: int):
-    """ale_py's vector env with the chosen protocol (as dqn_softmoe.py), for the online evaluation."""
-    sticky = args.protocol == "dopamine"
-    life_loss = args.protocol != "dopamine"
-    return ale_py.AtariVectorEnv(
-        rom,
-        num_envs,
-        num_threads=min(num_envs, os.cpu_count() or 1),
-        repeat_action_probability=0.25 if sticky else 0.0,
-        noop_max=30 if args.protocol == "nature" else 0,  # 0-29 emulator frames; atari100k: EpisodeTracker's steps
-        life_loss_info=life_loss,
-        episodic_life=False,
-        use_fire_reset=False,
-        reward_clipping=False,
-        max_num_frames_per_episode=args.max_episode_frames,
-        frameskip=4,
-        maxpool=True,
-        img_height=FRAME_SHAPE[0],
-        img_width=FRAME_SHAPE[1],
-        grayscale=True,
-        stack_num=STACK,
-        full_action_space=False,
-    )
+    moe = args.moe != "none"
+    dense = "needs an MoE; --moe none has a dense penultimate layer (use --moe softmoe or top1)"
+    checks = [
+        (game_from_env_id(args.env_id) is None, unknown_env_message(args.env_id)),
+        (not args.dataset_dir, "--dataset-dir is required: a DQN Replay Dataset run, or a folder written by "
+                               "benchmark/replay_to_dataset.py"),
+        (not 0 < args.data_percent <= 100, f"--data-percent must lie in (0, 100], got {args.data_percent}"),
+        (parse_checkpoints(args.checkpoints) is None,
+         f"--checkpoints {args.checkpoints!r}: give 'all', a list like '0,1,7' or a range like '40-49'"),
+        (not moe and args.num_experts is not None, f"--num-experts {dense}"),
+        (not moe and args.tokenization is not None, f"--tokenization {dense}"),
+        (not moe and args.expert_width is not None, "--expert-width needs an MoE; widen the --moe none baseline with "
+                                                    "--width-multiplier"),
+        (moe and args.num_experts < 1, f"--num-experts must be at least 1, got {args.num_experts}"),
+        (moe and args.expert_width < 1, f"--expert-width must be at least 1, got {args.expert_width}"),
+        (moe and args.width_multiplier != 1, "--width-multiplier widens the --moe none baseline; scale an MoE with "
+                                             "--num-experts"),
+        (args.moe != "softmoe" and (args.random_phi or args.moe_normalize),
+         "--random-phi and --moe-normalize act on Soft MoE's Phi; they need --moe softmoe"),
+        (args.moe != "top1" and args.load_balance_coef != 0,
+         "--load-balance-coef needs --moe top1 (Soft MoE has no router to balance)"),
+        (args.width_multiplier < 1 or args.load_balance_coef < 0,
+         "--width-multiplier must be at least 1 and --load-balance-coef non-negative"),
+        (min(args.batch_size, args.n_step) < 1, "--batch-size and --n-step must be at least 1"),
+        (args.learning_rate <= 0 or args.target_network_frequency < 1,
+         "--learning-rate and --target-network-frequency must be positive"),
+        (min(args.num_iterations, args.steps_per_iteration) < 1,
+         "--num-iterations and --steps-per-iteration must be at least 1"),
+        (not 0 <= args.gamma <= 1, "--gamma must lie in [0, 1]"),
+        (args.num_atoms < 1, f"--num-atoms must be at least 1 (1 = a scalar Q), got {args.num_atoms}"),
+        (args.num_atoms > 1 and args.v_min >= args.v_max,
+         f"--v-min ({args.v_min}) must be below --v-max ({args.v_max})"),
+        (args.cql_coef < 0, "--cql-coef must be >= 0"),
+        (min(args.eval_steps, args.eval_episodes) < 0 or args.eval_envs < 1,
+         "--eval-steps and --eval-episodes must be >= 0 and --eval-envs at least 1"),
+        (args.eval_steps == 0 and args.eval_episodes == 0,
+         "the evaluation needs a budget: --eval-steps N or --eval-episodes N"),
+        (not 0 <= args.eval_epsilon <= 1, "--eval-epsilon must lie in [0, 1]"),
+        (args.device.startswith("cuda") and not torch.cuda.is_available(),
+         f"--device {args.device} asked for CUDA but torch sees no GPU; use --device cpu or auto"),
+        (args.track and not importlib.util.find_spec("wandb"), "--track needs wandb; `pip install wandb` or drop it"),
+        (args.capture_video and not importlib.util.find_spec("moviepy"),
+         "--capture-video needs moviepy; `pip install moviepy` or drop --capture-video"),
+    ]  # fmt: skip
+    return next((message for failed, message in checks if failed), None)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# The DQN Replay Dataset on disk (Agarwal et al. 2020; Dopamine's OutOfGraphReplayBuffer format, softmoe_dopamine.md §6)
+# Environment: ale_py's vector env, and the bookkeeping of its NEXT_STEP autoreset
+# ----------------------------------------------------------------------------------------------------------------------
+def make_env(args: Args, rom: str, num_envs: int):
+    """Frame skip 4 with max-pool, 84x84 grayscale, 4-frame stacks (zero before the episode's first frame), unclipped
+    rewards. No-op starts: 0-29 emulator frames under `nature`; 0-29 agent steps under `atari100k` (EpisodeTracker).
+    A lost life is `terminated` under `nature` and `atari100k`, but the game goes on (no reset)."""
+    return ale_py.AtariVectorEnv(
+        rom, num_envs, num_threads=min(num_envs, os.cpu_count() or 1), frameskip=4, maxpool=True, grayscale=True,
+        img_height=FRAME_SHAPE[0], img_width=FRAME_SHAPE[1], stack_num=STACK, full_action_space=False,
+        repeat_action_probability=0.25 if args.protocol == "dopamine" else 0.0, reward_clipping=False,
+        noop_max=30 if args.protocol == "nature" else 0, life_loss_info=args.protocol != "dopamine",
+        episodic_life=False, use_fire_reset=False, max_num_frames_per_episode=args.max_episode_frames,
+    )  # fmt: skip
+
+
+def num_game_actions(rom: str) -> int:
+    """The game's minimal action set (what ale_py's vector env acts with), known before any env is made."""
+    ale = ale_py.ALEInterface()
+    ale.setLoggerMode(ale_py.LoggerMode.Error)
+    ale.loadROM(ale_py.roms.get_rom_path(rom))
+    return len(ale.getMinimalActionSet())
+
+
+class Step(NamedTuple):
+    acted: np.ndarray  # (N,) the env took the agent's action (False on ale_py's reset step and on no-op starts)
+    terminal: np.ndarray  # (N,) s_{t+1} is terminal for learning
+    valid: np.ndarray  # (N,) acted, and not cut by the time limit: a transition that may be learned from
+    history: np.ndarray  # (N,) earlier frames of the same stack in o_t, capped at 3
+    finished: list  # [(env, return, length)] of the episodes that ended
+
+
+class EpisodeTracker:
+    """After a step that ends an episode, ale_py's next step is a reset step: its action is ignored and it returns the
+    first observation of a new episode, so it is neither learned from nor counted (recognised from the previous step's
+    flags and, as a safeguard, the episode frame counter going backwards). With a life-loss protocol a lost life is
+    terminal for learning and the agent starts a new stack, while the game and its return go on. With `noop_steps`
+    (Atari 100k) every episode starts with k ~ U{0, ..., noop_steps - 1} agent steps of action 0 (`actions`) that are
+    neither learned from, counted nor scored; the first stack starts after them (DataEfficientAtariRunner)."""
+
+    def __init__(self, num_envs, life_loss_terminal, truncation_is_terminal, info, noop_steps=0, rng=None):
+        self.noop_steps, self.rng = noop_steps, rng
+        self.noops = self.rng.integers(0, noop_steps, num_envs) if noop_steps else np.zeros(num_envs, dtype=np.int64)
+        self.life_loss_terminal, self.truncation_is_terminal = life_loss_terminal, truncation_is_terminal
+        self.reset_next = np.zeros(num_envs, dtype=bool)
+        self.stack_steps = np.zeros(num_envs, dtype=np.int64)  # agent steps since the current stack began
+        self.lives = np.asarray(info["lives"]).copy()
+        self.frame_number = np.asarray(info["episode_frame_number"]).copy()
+        self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
+
+    def actions(self, actions: np.ndarray) -> np.ndarray:
+        """What the envs are sent: action 0 where an episode's no-op start is still under way."""
+        return np.where(self.noops > 0, 0, actions).astype(actions.dtype)
+
+    def step(self, rewards, terminated, truncated, info) -> Step:
+        frame_number, lives = np.asarray(info["episode_frame_number"]), np.asarray(info["lives"])
+        reset_step = self.reset_next | (frame_number < self.frame_number)
+        finished = [(k, self.returns[k], self.lengths[k]) for k in np.flatnonzero(reset_step & ~self.reset_next)]
+        noop = ~reset_step & (self.noops > 0)
+        acted = ~reset_step & ~noop
+        life_lost = (lives < self.lives) & (lives > 0)
+        terminal = acted & (terminated | (truncated & self.truncation_is_terminal))
+        cut = acted & truncated & ~terminated & (not self.truncation_is_terminal)  # the time limit, not the game
+        episode_over = acted & (truncated | (terminated & ~(self.life_loss_terminal & life_lost)))
+        history = np.minimum(self.stack_steps, STACK - 1)
+        self.returns += np.where(acted, rewards, 0)
+        self.lengths += acted
+        finished += [(k, self.returns[k], self.lengths[k]) for k in np.flatnonzero(episode_over)]
+        for k, _, _ in finished:
+            self.returns[k], self.lengths[k] = 0.0, 0
+        new_stack = reset_step | noop | (terminal & ~episode_over)  # a new episode, or a lost life that is terminal
+        self.stack_steps = np.where(new_stack, 0, self.stack_steps + 1)
+        self.reset_next = episode_over | (noop & (truncated | (terminated & ~life_lost)))
+        self.noops -= noop
+        if self.noop_steps and reset_step.any():
+            self.noops[reset_step] = self.rng.integers(0, self.noop_steps, int(reset_step.sum()))
+        self.lives, self.frame_number = lives.copy(), frame_number.copy()
+        finished = [(int(k), float(r), int(n)) for k, r, n in finished]
+        return Step(acted, terminal, acted & ~cut, history, finished)
+
+    def agent_view(self, obs: np.ndarray) -> np.ndarray:
+        """The stacks the agent sees: ale_py's, with the frames from before a terminal lost life zeroed."""
+        if not self.life_loss_terminal or self.stack_steps.min() >= STACK - 1:
+            return obs
+        keep = (STACK - 1 - np.arange(STACK))[None, :] <= self.stack_steps[:, None]  # (N, 4)
+        return obs * keep[:, :, None, None].astype(np.uint8)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Replay: the DQN Replay Dataset on disk (Dopamine's OutOfGraphReplayBuffer checkpoints), the rows it may sample
 # ----------------------------------------------------------------------------------------------------------------------
 # The four arrays of a checkpoint file and their (dtype, shape of one row); the files hold 1M rows in the real dataset
 STORE = {"observation": (np.uint8, FRAME_SHAPE), "action": (np.int32, ()), "reward": (np.float32, ()),
          "terminal": (np.uint8, ())}  # fmt: skip
+REFETCH = "download it again, or write it again with benchmark/replay_to_dataset.py"
 
 
 class DatasetError(ValueError):
     """A missing, truncated or malformed dataset file: one line that names it."""
 
 
-REFETCH = "download it again, or write it again with dqn_softmoe.py --save-replay"
-
-
 def store_path(directory: str, name: str, checkpoint: int) -> str:
     """`$store$_observation_ckpt.7.gz`, ... for the arrays; `add_count_ckpt.7.gz`, `invalid_range_ckpt.7.gz`."""
     prefix = "$store$_" if name in STORE else ""
     return os.path.join(directory, f"{prefix}{name}_ckpt.{checkpoint}.gz")
+
+
+def dataset_directory(dataset_dir: str) -> str:
+    """--dataset-dir, or its replay_logs/ (a DQN Replay Dataset run's layout)."""
+    nested = os.path.join(dataset_dir, "replay_logs")
+    return nested if os.path.isdir(nested) else dataset_dir
 
 
 def parse_checkpoints(spec: str) -> list[int] | str | None:
@@ -388,8 +414,7 @@ def read_rows(path: str, rows: int | None = None, to_end: bool = False) -> np.nd
     with open_npy(path) as (f, shape, dtype):
         count = shape[0] if shape and rows is None else (min(rows, shape[0]) if shape else 1)
         out = np.empty((count,) + tuple(shape[1:]), dtype=dtype)
-        view = memoryview(out.reshape(-1).view(np.uint8))
-        done = 0
+        view, done = memoryview(out.reshape(-1).view(np.uint8)), 0
         while done < len(view):  # readinto in chunks: the gzip module fills at most its buffer per call
             got = f.readinto(view[done : done + (64 << 20)])
             if not got:
@@ -415,25 +440,19 @@ class CheckpointFile:
 def inspect_dataset(args: Args) -> list[CheckpointFile]:
     """Find the checkpoint files, read their headers, add counts and invalid ranges, check dtypes and shapes, and
     decide how many rows of each to read; one DatasetError line for the first problem, before any long read."""
-    directory = args.dataset_dir
-    if os.path.isdir(os.path.join(directory, "replay_logs")):
-        directory = os.path.join(directory, "replay_logs")
+    directory = dataset_directory(args.dataset_dir)
     if not os.path.isdir(directory):
         raise DatasetError(f"--dataset-dir {args.dataset_dir!r}: no such directory")
-    found = sorted(
-        int(m.group(1))
-        for f in os.listdir(directory)
-        if (m := re.fullmatch(r"\$store\$_observation_ckpt\.(\d+)\.gz", f))
-    )
+    pattern = r"\$store\$_observation_ckpt\.(\d+)\.gz"
+    found = sorted(int(m.group(1)) for f in os.listdir(directory) if (m := re.fullmatch(pattern, f)))
     if not found:
         raise DatasetError(
-            f"--dataset-dir {args.dataset_dir!r} holds no checkpoint ($store$_observation_ckpt.N.gz); point it at a "
-            "run's replay_logs/ or at a folder written by dqn_softmoe.py --save-replay"
+            f"--dataset-dir {args.dataset_dir!r} holds no checkpoint ($store$_observation_ckpt.N.gz); "
+            "point it at a run's replay_logs/ or at a folder written by benchmark/replay_to_dataset.py"
         )
     wanted = parse_checkpoints(args.checkpoints)
     indices = found if wanted == "all" else wanted
-    missing = sorted(set(indices) - set(found))
-    if missing:
+    if missing := sorted(set(indices) - set(found)):
         raise DatasetError(f"--checkpoints asks for {missing} but {directory!r} holds {found[0]}..{found[-1]}")
     files = []
     for index in indices:
@@ -456,15 +475,9 @@ def inspect_dataset(args: Args) -> list[CheckpointFile]:
             if array.ndim != ndim or array.dtype.kind not in "iu" or (array < 0).any():
                 path = store_path(directory, name, index)
                 raise DatasetError(f"{path}: {array.dtype} {array.shape}, expected {ndim}-d integers >= 0; {REFETCH}")
-        add_count, invalid_range = int(add_count), invalid_range.astype(np.int64)
         rows = min(capacity, math.ceil(capacity * args.data_percent / 100) + STACK)
-        files.append(CheckpointFile(index, capacity, add_count, invalid_range, rows))
+        files.append(CheckpointFile(index, capacity, int(add_count), invalid_range.astype(np.int64), rows))
     return files
-
-
-def dataset_bytes(files: list[CheckpointFile]) -> int:
-    row = FRAME_SHAPE[0] * FRAME_SHAPE[1] + 4 + 4 + 1 + 8  # frame, action, reward, terminal, sample index
-    return sum(f.rows for f in files) * row
 
 
 class OfflineReplay:
@@ -478,16 +491,13 @@ class OfflineReplay:
     def __init__(self, directory: str, files: list[CheckpointFile], n_step: int, to_end: bool = False):
         total = sum(f.rows for f in files)
         self.frames = np.empty((total,) + FRAME_SHAPE, dtype=np.uint8)
-        self.actions = np.empty(total, dtype=np.int64)
-        self.rewards = np.empty(total, dtype=np.float32)
-        self.terminals = np.empty(total, dtype=bool)
+        self.actions, self.rewards = np.empty(total, dtype=np.int64), np.empty(total, dtype=np.float32)
+        self.terminals = np.empty(total, dtype=bool)  # the files' uint8 terminals are stored as != 0
         indices, start = [], 0
         for f in files:
             end = start + f.rows
-            self.frames[start:end] = read_rows(store_path(directory, "observation", f.index), f.rows, to_end)
-            self.actions[start:end] = read_rows(store_path(directory, "action", f.index), f.rows, to_end)
-            self.rewards[start:end] = read_rows(store_path(directory, "reward", f.index), f.rows, to_end)
-            self.terminals[start:end] = read_rows(store_path(directory, "terminal", f.index), f.rows, to_end) != 0
+            for name, array in zip(STORE, (self.frames, self.actions, self.rewards, self.terminals), strict=True):
+                array[start:end] = read_rows(store_path(directory, name, f.index), f.rows, to_end)
             indices.append(start + self.sample_indices(f, self.terminals[start:end], n_step))
             start = end
         self.indices = np.concatenate(indices)
@@ -516,8 +526,8 @@ class OfflineReplay:
     def num_transitions(self) -> int:
         return len(self.indices)
 
-    def sample(self, batch_size: int, rng: np.random.Generator, n_step: int = 1, gamma: float = 0.99):
-        """Uniform over the indices that may be sampled; n-step returns cut at the first terminal, as FrameReplay."""
+    def sample(self, batch_size: int, rng: np.random.Generator, n_step: int = 1, gamma: float = 0.99) -> dict:
+        """Uniform over the indices that may be sampled; n-step returns stop at the first terminal (as dqn's replay)."""
         i = self.indices[rng.integers(0, len(self.indices), size=batch_size)]
         offsets = np.arange(n_step)
         terminal = self.terminals[i[:, None] + offsets]  # (B, n)
@@ -525,125 +535,42 @@ class OfflineReplay:
         inside = offsets[None, :] < length[:, None]
         returns = (self.rewards[i[:, None] + offsets] * gamma**offsets * inside).sum(1, dtype=np.float32)
         stack = np.arange(1 - STACK, 1)
-        return {
-            "states": self.frames[i[:, None] + stack],
-            "next_states": self.frames[(i + length)[:, None] + stack],
-            "actions": self.actions[i],
-            "rewards": returns,
-            "terminals": terminal.any(1).astype(np.float32),
-            "rows": i,
-        }
+        return {"states": self.frames[i[:, None] + stack], "next_states": self.frames[(i + length)[:, None] + stack],
+                "actions": self.actions[i], "rewards": returns, "terminals": terminal.any(1).astype(np.float32),
+                "rows": i}  # fmt: skip
+
+
+def physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def load_dataset(args: Args, num_actions: int) -> OfflineReplay:
-    files = inspect_dataset(args)
-    directory = args.dataset_dir
-    if os.path.isdir(os.path.join(directory, "replay_logs")):
-        directory = os.path.join(directory, "replay_logs")
-    needed, available = dataset_bytes(files), physical_memory_bytes()
-    rows = sum(f.rows for f in files)
-    print(
-        f"dataset: {len(files)} checkpoint file(s) {files[0].index}..{files[-1].index} of {directory}, the first "
-        f"{args.data_percent:g}% of each = {rows:,} rows, {needed / 1e9:.2f} GB in memory (this machine: "
-        f"{available / 1e9:.1f} GB)",
-        flush=True,
-    )
+    """Check every chosen file, say what the subset needs in memory (and stop if it does not fit), then read it."""
+    files, directory = inspect_dataset(args), dataset_directory(args.dataset_dir)
+    row_bytes = FRAME_SHAPE[0] * FRAME_SHAPE[1] + 4 + 4 + 1 + 8  # frame, action, reward, terminal, sample index
+    rows, available = sum(f.rows for f in files), physical_memory_bytes()
+    needed = rows * row_bytes
+    print(f"dataset: {len(files)} checkpoint file(s) {files[0].index}..{files[-1].index} of {directory}, the first "
+          f"{args.data_percent:g}% of each = {rows:,} rows, {needed / 1e9:.2f} GB in memory (this machine: "
+          f"{available / 1e9:.1f} GB)", flush=True)  # fmt: skip
     if needed + 2**30 > available:
         fits = max(int((available - 2**30) // (needed / len(files))), 0)  # whole files that would fit
         fewer = f" or read fewer files, e.g. --checkpoints {files[0].index}-{files[0].index + fits - 1}" if fits else ""
-        raise DatasetError(
-            f"the chosen subset needs {needed / 1e9:.1f} GB plus 1 GB headroom but this machine has "
-            f"{available / 1e9:.1f} GB; lower --data-percent{fewer}"
-        )
+        raise DatasetError(f"the chosen subset needs {needed / 1e9:.1f} GB plus 1 GB headroom but this machine has "
+                           f"{available / 1e9:.1f} GB; lower --data-percent{fewer}")  # fmt: skip
     t_read = time.perf_counter()
     replay = OfflineReplay(directory, files, args.n_step, args.verify_dataset)
     if args.verify_dataset:
         seconds = time.perf_counter() - t_read
         print(f"dataset: --verify-dataset read every file to its end (CRC-32 checked) in {fmt_time(seconds)}")
     if replay.actions.max(initial=0) >= num_actions:
-        raise DatasetError(
-            f"{directory}: actions up to {int(replay.actions.max())} but {args.env_id} has {num_actions}; is --env-id "
-            "the dataset's game?"
-        )
+        raise DatasetError(f"{directory}: actions up to {int(replay.actions.max())} but {args.env_id} has "
+                           f"{num_actions}; is --env-id the dataset's game?")  # fmt: skip
     return replay
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Episodes of the online evaluation (as dqn_softmoe.py)
-# ----------------------------------------------------------------------------------------------------------------------
-class Step(NamedTuple):
-    acted: np.ndarray  # (N,) the env took the agent's action (False on ale_py's reset step)
-    terminal: np.ndarray  # (N,) s_{t+1} is terminal for learning
-    valid: np.ndarray  # (N,) acted, and not cut by the time limit: a transition that may be learned from
-    history: np.ndarray  # (N,) earlier frames of the same stack in o_t, capped at 3
-    finished: list  # [(env, return, length)] of the episodes that ended
-
-
-class EpisodeTracker:
-    """Per-environment bookkeeping for ale_py's NEXT_STEP autoreset.
-
-    After a step that ends an episode, the env's next step is a reset step: its action is ignored and it returns the
-    first observation of a new episode with reward 0, so it is not a transition and is neither learned from nor
-    counted as an agent step. A reset step is recognised from the previous step's flags and, as a safeguard, from
-    the episode frame counter going backwards. With a life-loss protocol a lost life is terminal for learning and the
-    agent starts a new stack (Dopamine's agent resets its state), while the game and its return go on.
-    With `noop_steps` (Atari 100k), every episode starts with k ~ U{0, ..., noop_steps - 1} agent steps of action 0
-    (`actions` substitutes them) that are neither learned from, counted nor scored, and the agent's first stack
-    starts after them, as in Dopamine's DataEfficientAtariRunner._initialize_episode.
-    """
-
-    def __init__(self, num_envs, life_loss_terminal, truncation_is_terminal, info, noop_steps=0, rng=None):
-        self.noop_steps, self.rng = noop_steps, rng
-        self.noops = self.rng.integers(0, noop_steps, num_envs) if noop_steps else np.zeros(num_envs, dtype=np.int64)
-        self.life_loss_terminal = life_loss_terminal
-        self.truncation_is_terminal = truncation_is_terminal
-        self.reset_next = np.zeros(num_envs, dtype=bool)
-        self.stack_steps = np.zeros(num_envs, dtype=np.int64)  # agent steps since the current stack began
-        self.lives = np.asarray(info["lives"]).copy()
-        self.frame_number = np.asarray(info["episode_frame_number"]).copy()
-        self.returns = np.zeros(num_envs)
-        self.lengths = np.zeros(num_envs, dtype=np.int64)
-
-    def actions(self, actions: np.ndarray) -> np.ndarray:
-        """What the envs are sent: action 0 where an episode's no-op start is still under way."""
-        return np.where(self.noops > 0, 0, actions).astype(actions.dtype)
-
-    def step(self, rewards, terminated, truncated, info) -> Step:
-        frame_number, lives = np.asarray(info["episode_frame_number"]), np.asarray(info["lives"])
-        reset_step = self.reset_next | (frame_number < self.frame_number)
-        finished = [(k, self.returns[k], self.lengths[k]) for k in np.flatnonzero(reset_step & ~self.reset_next)]
-        noop = ~reset_step & (self.noops > 0)
-        acted = ~reset_step & ~noop
-        life_lost = (lives < self.lives) & (lives > 0)
-        terminal = acted & (terminated | (truncated & self.truncation_is_terminal))
-        cut = acted & truncated & ~terminated & (not self.truncation_is_terminal)  # the time limit, not the game
-        episode_over = acted & (truncated | (terminated & ~(self.life_loss_terminal & life_lost)))
-        history = np.minimum(self.stack_steps, STACK - 1)
-        self.returns += np.where(acted, rewards, 0)
-        self.lengths += acted
-        finished += [(k, self.returns[k], self.lengths[k]) for k in np.flatnonzero(episode_over)]
-        for k, _, _ in finished:
-            self.returns[k], self.lengths[k] = 0.0, 0
-        new_stack = reset_step | noop | (terminal & ~episode_over)  # a new episode, or a lost life that is terminal
-        self.stack_steps = np.where(new_stack, 0, self.stack_steps + 1)
-        self.reset_next = episode_over | (noop & (truncated | (terminated & ~life_lost)))
-        self.noops -= noop
-        if self.noop_steps and reset_step.any():
-            self.noops[reset_step] = self.rng.integers(0, self.noop_steps, int(reset_step.sum()))
-        self.lives, self.frame_number = lives.copy(), frame_number.copy()
-        finished = [(int(k), float(r), int(n)) for k, r, n in finished]
-        return Step(acted, terminal, acted & ~cut, history, finished)
-
-    def agent_view(self, obs: np.ndarray) -> np.ndarray:
-        """The stacks the agent sees: ale_py's, with the frames from before a terminal lost life zeroed."""
-        if not self.life_loss_terminal or self.stack_steps.min() >= STACK - 1:
-            return obs
-        keep = (STACK - 1 - np.arange(STACK))[None, :] <= self.stack_steps[:, None]  # (N, 4)
-        return obs * keep[:, :, None, None].astype(np.uint8)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Initialisers and padding as Flax does them
+# Network: Flax's initialisers and padding, the encoders, tokens, Soft MoE, Top1-MoE, the Q-network
 # ----------------------------------------------------------------------------------------------------------------------
 def lecun_normal_(tensor: torch.Tensor, fan_in: int) -> torch.Tensor:
     """Flax lecun_normal: truncated normal (+-2 std) scaled so that the variance is 1 / fan_in."""
@@ -673,18 +600,13 @@ def pad_same(x: torch.Tensor, kernel: int, stride: int, value: float = 0.0) -> t
 
 
 def conv_same(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """conv(pad_same(x)). Where the padding is the same on both sides (the Nature CNN's first and last conv) the
-    convolution pads by itself: no padded copy and no backward through it (~15% faster encoder forward + backward on
-    a CPU, the same maths)."""
+    """conv(pad_same(x)); where the padding is symmetric the convolution pads by itself (no padded copy: faster)."""
     left, right, top, bottom = same_padding(x, conv.kernel_size[0], conv.stride[0])
     if left == right and top == bottom:
         return F.conv2d(x, conv.weight, conv.bias, conv.stride, (top, left))
     return conv(F.pad(x, [left, right, top, bottom]))
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Encoders
-# ----------------------------------------------------------------------------------------------------------------------
 class NatureEncoder(nn.Module):
     """Conv 32 8x8/4 -> Conv 64 4x4/2 -> Conv 64 3x3/1, ReLU after each, SAME padding, xavier_uniform kernels.
     (B, 4, 84, 84) -> (B, 64, 11, 11)."""
@@ -705,10 +627,8 @@ class ResidualBlock(nn.Module):
 
     def __init__(self, channels: int):
         super().__init__()
-        self.conv0, self.conv1 = (
-            nn.Conv2d(channels, channels, 3, padding=1),
-            nn.Conv2d(channels, channels, 3, padding=1),
-        )
+        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
         for conv in (self.conv0, self.conv1):
             lecun_normal_(conv.weight, channels * 9)
             nn.init.zeros_(conv.bias)
@@ -724,25 +644,19 @@ class ImpalaEncoder(nn.Module):
     def __init__(self, channels=(16, 32, 32)):
         super().__init__()
         self.convs, self.blocks = nn.ModuleList(), nn.ModuleList()
-        in_channels = 4
-        for c in channels:
-            self.convs.append(xavier_layer(nn.Conv2d(in_channels, c, 3, padding=1)))
+        for c_in, c in zip((4, *channels), channels, strict=False):
+            self.convs.append(xavier_layer(nn.Conv2d(c_in, c, 3, padding=1)))
             self.blocks.append(nn.Sequential(ResidualBlock(c), ResidualBlock(c)))
-            in_channels = c
 
     def forward(self, x):
         for conv, blocks in zip(self.convs, self.blocks, strict=True):
-            x = F.max_pool2d(pad_same(conv(x), 3, 2, value=float("-inf")), 3, 2)
-            x = blocks(x)
+            x = blocks(F.max_pool2d(pad_same(conv(x), 3, 2, value=float("-inf")), 3, 2))
         return F.relu(x)
 
 
 def tokenize(features: torch.Tensor, kind: str) -> torch.Tensor:
-    """Encoder output C (B, d, h, w) -> tokens X (B, m, token dim) (§3, Fig. 3).
-
-    perconv: m = h*w tokens of size d, row-major over the grid; perfeat: m = d tokens of size h*w (the transpose);
-    persamp: one token holding the whole output (in channel-major order, a fixed permutation of Flax's HWC flatten).
-    """
+    """Encoder output C (B, d, h, w) -> tokens X (B, m, token dim) (§3, Fig. 3): perconv m = h*w tokens of size d
+    (row-major over the grid), perfeat m = d tokens of size h*w, persamp one token (a channel-major flatten)."""
     if kind == "perconv":
         return features.flatten(2).transpose(1, 2)  # (B, h*w, d)
     if kind == "perfeat":
@@ -752,13 +666,9 @@ def tokenize(features: torch.Tensor, kind: str) -> torch.Tensor:
     raise ValueError(kind)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Experts, Soft MoE, Top1-MoE
-# ----------------------------------------------------------------------------------------------------------------------
 class Experts(nn.Module):
-    """n independent experts f_e(x) = Dense(ReLU(Dense(x))): d -> width -> d (the second Dense is the paper's
-    projection back to token size), xavier_uniform kernels, zero biases; parameters stacked on a leading expert axis.
-    Input (B, n, slots, d) -> output (B, n, slots, d) and the hidden activations (B, n, slots, width)."""
+    """n independent experts f_e(x) = Dense(ReLU(Dense(x))): d -> width -> d, xavier_uniform kernels, zero biases,
+    stacked on a leading expert axis. (B, n, slots, d) -> outputs (B, n, slots, d), hidden (B, n, slots, width)."""
 
     def __init__(self, num_experts: int, dim: int, width: int):
         super().__init__()
@@ -786,7 +696,6 @@ def soft_moe(tokens: torch.Tensor, phi: torch.Tensor, experts, scale: torch.Tens
     """Soft MoE, §2.2. tokens X (B, m, d), phi Phi (d, n, p) (or (B, d, n, p) for a per-sample random Phi), experts
     maps slots (B, n, p, d) to (outputs, hidden). With `scale`, the logits use l2-normalised tokens and Phi columns
     times the learned scalar (Puigcerver et al.); the slots always mix the raw tokens.
-
     Returns Y (B, m, d), dispatch D (B, m, n, p), combine C (B, m, n, p) and the experts' hidden activations."""
     x_hat, phi_hat = tokens, phi
     if scale is not None:
@@ -819,10 +728,9 @@ class SoftMoE(nn.Module):
         phi = self.phi
         if self.random_phi:  # a fresh N(0, 1) Phi for every sample of every call, as the reference's per-sample keys
             phi = torch.randn((tokens.shape[0],) + self.phi_shape, device=tokens.device)
-        outputs, dispatch, combine, hidden = soft_moe(
-            tokens, phi, self.experts, self.scalar if self.normalize else None
-        )
-        return outputs, {"dispatch": dispatch, "combine": combine, "hidden": hidden}
+        scale = self.scalar if self.normalize else None
+        outputs, dispatch, combine, hidden = soft_moe(tokens, phi, self.experts, scale)
+        return outputs, {"dispatch": dispatch, "combine": combine, "hidden": hidden, "tokens": tokens}
 
 
 def top1_route(probs: torch.Tensor, capacity: int):
@@ -872,48 +780,24 @@ def load_loss(logits: torch.Tensor, noisy_logits: torch.Tensor, noise_std: float
     1 - Phi_N((threshold - logit_e) / sigma), the chance that expert e would win under fresh noise; p_e = mean over
     tokens; loss = (std_e p / mean_e p)^2 averaged over the batch. logits (B, m, n)."""
     threshold = noisy_logits.max(-1, keepdim=True).values
-    p = 1.0 - torch.special.ndtr((threshold - logits) / noise_std)
-    p_mean = p.mean(1)  # (B, n)
+    p_mean = (1.0 - torch.special.ndtr((threshold - logits) / noise_std)).mean(1)  # (B, n)
     return ((p_mean.std(-1, unbiased=False) / p_mean.mean(-1)) ** 2).mean()
 
 
 def load_balancing_loss(aux: dict, num_experts: int) -> torch.Tensor:
     """Importance + load loss with the reference's weights (1, 1) and noise std 1 / n."""
-    noise_std = 1.0 / num_experts
-    logits = aux["router_logits"]
+    noise_std, logits = 1.0 / num_experts, aux["router_logits"]
     noisy = logits + noise_std * torch.randn_like(logits)
     return importance_loss(aux["router_probs"]) + load_loss(logits, noisy, noise_std)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Q-network
-# ----------------------------------------------------------------------------------------------------------------------
-def dense_layer(in_features: int, out_features: int) -> nn.Module:
-    """Dopamine's plain Dense (xavier_uniform, zero bias)."""
-    return xavier_layer(nn.Linear(in_features, out_features))
 
 
 class QNetwork(nn.Module):
     """uint8 stacks (B, 4, 84, 84) / 255 -> encoder -> [Dense(512 k) + ReLU | tokens -> MoE -> flatten] -> [dueling]
     heads -> logits (B, A, N) -> Q = sum_i z_i softmax(logits)_i (the single logit when N = 1)."""
 
-    def __init__(
-        self,
-        num_actions: int,
-        encoder: str = "impala",
-        moe: str = "softmoe",
-        num_experts: int = 8,
-        tokenization: str = "perconv",
-        expert_width: int = 512,
-        random_phi: bool = False,
-        moe_normalize: bool = False,
-        width_multiplier: int = 1,
-        bf16: bool = False,
-        num_atoms: int = 1,
-        v_min: float = -10.0,
-        v_max: float = 10.0,
-        dueling: bool = False,
-    ):
+    def __init__(self, num_actions: int, encoder="impala", moe="softmoe", num_experts=8, tokenization="perconv",
+                 expert_width=512, random_phi=False, moe_normalize=False, width_multiplier=1, bf16=False, num_atoms=1,
+                 v_min=-10.0, v_max=10.0, dueling=False):  # fmt: skip
         super().__init__()
         self.moe_kind, self.tokenization, self.bf16 = moe, tokenization, bf16
         self.num_actions, self.num_atoms, self.dueling = num_actions, num_atoms, dueling
@@ -921,7 +805,7 @@ class QNetwork(nn.Module):
         with torch.no_grad():
             features = self.encoder(torch.zeros(1, STACK, *FRAME_SHAPE))  # (1, d, h, w)
         if moe == "none":
-            self.dense = dense_layer(features[0].numel(), 512 * width_multiplier)
+            self.dense = xavier_layer(nn.Linear(features[0].numel(), 512 * width_multiplier))
             head_inputs = 512 * width_multiplier
         else:
             num_tokens, dim = tokenize(features, tokenization).shape[1:]
@@ -931,10 +815,10 @@ class QNetwork(nn.Module):
                 self.moe = Top1MoE(dim, num_tokens, num_experts, expert_width)
             head_inputs = num_tokens * dim  # the output tokens are flattened, no pooling
         if dueling:
-            self.value = dense_layer(head_inputs, num_atoms)
-            self.advantage = dense_layer(head_inputs, num_actions * num_atoms)
+            self.value = xavier_layer(nn.Linear(head_inputs, num_atoms))
+            self.advantage = xavier_layer(nn.Linear(head_inputs, num_actions * num_atoms))
         else:
-            self.head = dense_layer(head_inputs, num_actions * num_atoms)
+            self.head = xavier_layer(nn.Linear(head_inputs, num_actions * num_atoms))
         self.register_buffer("support", torch.linspace(v_min, v_max, num_atoms))  # z_i
 
     def forward(self, x: torch.Tensor, return_aux: bool = False):
@@ -948,13 +832,12 @@ class QNetwork(nn.Module):
             aux["head_input"] = outputs.flatten(1)
         B, h = len(x), aux["head_input"]
         if self.dueling:
-            value = self.value(h).view(B, 1, self.num_atoms)
-            advantage = self.advantage(h).view(B, self.num_actions, self.num_atoms)
-            logits = value + advantage - advantage.mean(1, keepdim=True)  # (B, A, N)
+            value, advantage = self.value(h).view(B, 1, -1), self.advantage(h).view(B, self.num_actions, -1)
+            aux["logits"] = value + advantage - advantage.mean(1, keepdim=True)  # (B, A, N)
         else:
-            logits = self.head(h).view(B, self.num_actions, self.num_atoms)
+            aux["logits"] = self.head(h).view(B, self.num_actions, self.num_atoms)
+        logits = aux["logits"]
         q = (torch.softmax(logits, -1) * self.support).sum(-1) if self.num_atoms > 1 else logits[..., 0]  # (B, A)
-        aux["logits"] = logits
         return (q, aux) if return_aux else q
 
 
@@ -963,22 +846,9 @@ def count_parameters(module: nn.Module) -> int:
 
 
 def build_network(args: Args, num_actions: int) -> QNetwork:
-    return QNetwork(
-        num_actions,
-        encoder=args.encoder,
-        moe=args.moe,
-        num_experts=args.num_experts,
-        tokenization=args.tokenization,
-        expert_width=args.expert_width,
-        random_phi=args.random_phi,
-        moe_normalize=args.moe_normalize,
-        width_multiplier=args.width_multiplier,
-        bf16=args.bf16,
-        num_atoms=args.num_atoms,
-        v_min=args.v_min,
-        v_max=args.v_max,
-        dueling=args.dueling,
-    )
+    keys = ("encoder", "moe", "num_experts", "tokenization", "expert_width", "random_phi", "moe_normalize",
+            "width_multiplier", "bf16", "num_atoms", "v_min", "v_max", "dueling")  # fmt: skip
+    return QNetwork(num_actions, **{k: getattr(args, k) for k in keys})
 
 
 def architecture(args: Args) -> dict:
@@ -997,7 +867,7 @@ def architecture(args: Args) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# CQL
+# CQL: acting, the C51 projection, the CQL penalty, the loss, one update, the online evaluation
 # ----------------------------------------------------------------------------------------------------------------------
 def select_actions(q_net, obs: np.ndarray, epsilon: float, rng: np.random.Generator, num_actions: int, device):
     """epsilon-greedy per environment; the network only sees the environments that act greedily."""
@@ -1005,8 +875,7 @@ def select_actions(q_net, obs: np.ndarray, epsilon: float, rng: np.random.Genera
     greedy = rng.random(len(obs)) > epsilon  # Dopamine explores when u <= epsilon
     if greedy.any():
         with torch.inference_mode():
-            q = q_net(torch.from_numpy(obs[greedy]).to(device))
-        actions[greedy] = q.argmax(1).cpu().numpy()
+            actions[greedy] = q_net(torch.from_numpy(obs[greedy]).to(device)).argmax(1).cpu().numpy()
     return actions.astype(np.int32)
 
 
@@ -1027,8 +896,8 @@ def cql_penalty(q: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
 def cql_loss(q_net, target_net, batch: dict, args: Args):
     """TD + alpha mean [logsumexp_a Q(s, a) - Q(s, a_D)]: TD is the Huber loss of the scalar Q against the n-step
     target (cql), or the C51 cross-entropy against the projected double-DQN target (cql-c51), whose CQL term takes the
-    expected Q-values (+ the load-balancing losses for top1). Returns the loss and its metrics, among them the
-    per-sample loss (TD + alpha penalty)."""
+    expected Q-values (+ the weighted load-balancing losses for top1). Returns the loss and its metrics, with the
+    per-sample loss (TD + alpha penalty) and the network's activations (`aux`)."""
     states, next_states = batch["states"], batch["next_states"]
     rows, actions = torch.arange(len(states), device=states.device), batch["actions"]
     discount = args.gamma**args.n_step * (1.0 - batch["terminals"])  # gamma^n (1 - terminal)
@@ -1051,13 +920,26 @@ def cql_loss(q_net, target_net, batch: dict, args: Args):
     penalty = cql_penalty(q, actions)  # on the expected Q-values
     per_sample = td + args.cql_coef * penalty
     aux_loss = load_balancing_loss(aux, args.num_experts) if args.load_balance_coef > 0 else torch.zeros(())
-    metrics = {
-        "td_loss": td.detach().mean(),
-        "cql_penalty": penalty.detach().mean(),
-        "aux_loss": aux_loss.detach(),
-        "q_values": q_taken.detach().mean(),
-    }
+    metrics = {"td_loss": td.detach().mean(), "cql_penalty": penalty.detach().mean(), "aux_loss": aux_loss.detach(),
+               "q_values": q_taken.detach().mean()}  # fmt: skip
     return per_sample.mean() + args.load_balance_coef * aux_loss, metrics | {"per_sample_loss": per_sample, "aux": aux}
+
+
+def make_optimizer(q_net, args: Args) -> torch.optim.Adam:
+    """Adam with --adam-eps. fused=True: one vectorised pass per tensor (the same maths, 4x faster on a CPU)."""
+    return torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=True)
+
+
+def train_step(q_net, target_net, optimizer, batch: dict, args: Args) -> dict:
+    """One update on a batch of tensors: the loss, backward, Adam. Returns the loss's metrics and, for a learned Phi,
+    the RMS of its gradient (to compare with Adam's eps)."""
+    loss, metrics = cql_loss(q_net, target_net, batch, args)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    if (phi := getattr(getattr(q_net, "moe", None), "phi", None)) is not None:
+        metrics["phi_grad_rms"] = phi.grad.pow(2).mean().sqrt()
+    return metrics
 
 
 def to_tensors(batch: dict, device) -> dict[str, torch.Tensor]:
@@ -1065,255 +947,279 @@ def to_tensors(batch: dict, device) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(batch[k]).to(device) for k in keys}
 
 
+def evaluate(q_net, args: Args, rom: str, device, rng: np.random.Generator, video_path: str | None = None) -> list:
+    """Dopamine's evaluation phase, in parallel: --eval-envs games until their agent steps add up to --eval-steps,
+    keeping the games that end within the budget; or (--eval-episodes) one game per environment, each to its end.
+    epsilon-greedy at --eval-epsilon, the no-op starts of the protocol. Returns the (return, length) of the games kept;
+    with `video_path`, env 0's first game (what the agent sees) is written there as mp4."""
+    num_envs = args.eval_episodes or args.eval_envs
+    envs = make_env(args, rom, num_envs)
+    num_actions = int(envs.single_action_space.n)
+    obs, info = envs.reset(seed=args.seed + 1_000_003)
+    noop_steps = 30 if args.protocol == "atari100k" else 0
+    tracker = EpisodeTracker(num_envs, args.protocol != "dopamine", False, info, noop_steps, rng)
+    games, steps, live, frames = [], 0, np.ones(num_envs, dtype=bool), [] if video_path else None
+    try:
+        while live.any() and (args.eval_episodes or steps < args.eval_steps):
+            actions = np.zeros(num_envs, dtype=np.int32)
+            actions[live] = select_actions(q_net, obs[live], args.eval_epsilon, rng, num_actions, device)
+            next_obs, rewards, terminated, truncated, info = envs.step(tracker.actions(actions))
+            step = tracker.step(rewards, terminated, truncated, info)
+            steps += int((step.acted & live).sum())
+            if frames is not None:
+                frames.append(next_obs[0, -1].copy())
+            for env, episode_return, length in step.finished:
+                if live[env] and (args.eval_episodes or steps <= args.eval_steps):
+                    games.append((episode_return, length))
+                if args.eval_episodes:
+                    live[env] = False  # one game per environment
+                if env == 0 and frames:
+                    write_video(video_path, frames)
+                    frames = None
+            obs = tracker.agent_view(next_obs)
+    finally:
+        envs.close()
+    return games
+
+
 # ----------------------------------------------------------------------------------------------------------------------
-# Main: read the data, then the loop sample -> learn, with an online evaluation after every iteration
+# Main: read the data, then the loop sample -> learn -> sync, with an online evaluation after every iteration
 # ----------------------------------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
     args = fill_defaults(args)
-    error = validate(args) or optional_imports_error(args)
-    ckpt, replay = None, None
+    error, ckpt, replay = validate(args), None, None
     rom = game_from_env_id(args.env_id)
     num_actions = num_game_actions(rom) if rom else 0
     if error is None and args.resume:
         try:
-            ckpt = load_checkpoint(args.resume, args)
-            if ckpt["updates"] >= args.num_iterations * args.steps_per_iteration:
-                raise ValueError(
-                    f"--resume {args.resume!r} has done all {ckpt['updates']:,} steps; raise --num-iterations"
-                )
+            ckpt = read_checkpoint(args)
         except ValueError as err:
             error = str(err)
     if error is None:
-        try:  # checks every file before the long read, then reads the chosen rows
+        try:  # every chosen file is checked before the long read of its rows
             replay = load_dataset(args, num_actions)
         except DatasetError as err:
             error = str(err)
     if error:
         raise SystemExit(f"error: {error}")
 
-    device = pick_device(args.device)
-    seed_everything(args.seed, args.torch_deterministic)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
     rng = np.random.default_rng(args.seed)
     # channels_last kernels: the same maths, ~5% faster convolutions on CPU (oneDNN) and with cuDNN
     q_net = build_network(args, num_actions).to(device, memory_format=torch.channels_last)
     target_net = build_network(args, num_actions).to(device, memory_format=torch.channels_last)
     target_net.load_state_dict(q_net.state_dict())
     target_net.requires_grad_(False)
-    optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=True)
+    optimizer = make_optimizer(q_net, args)
     updates, evaluations = 0, []
     if ckpt is not None:
         try:
             updates, evaluations = restore(ckpt, q_net, target_net, optimizer, rng)
         except (RuntimeError, ValueError, KeyError) as err:
             raise SystemExit(f"error: --resume {args.resume!r} does not fit this run ({err})") from None
+    run = Run(args, rom, q_net, target_net, optimizer, replay, rng, device, updates, evaluations)
 
-    run = start_run(args, rom, q_net, replay, updates, evaluations, device, resumed=ckpt is not None)
-
-    def checkpoint() -> dict:
-        return {"q_net": q_net.state_dict(), "target_net": target_net.state_dict(), "optimizer": optimizer.state_dict()}
-
-    total_updates, metrics = args.num_iterations * args.steps_per_iteration, {}
+    total_updates = args.num_iterations * args.steps_per_iteration
     with stop_signals() as stopped:
         while updates < total_updates and not stopped():
             t_sample = time.perf_counter()
             batch = to_tensors(replay.sample(args.batch_size, rng, args.n_step, args.gamma), device)
             run.sample_seconds += time.perf_counter() - t_sample
-            loss, metrics = cql_loss(q_net, target_net, batch, args)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            metrics = train_step(q_net, target_net, optimizer, batch, args)
             updates += 1
             if updates % args.target_network_frequency == 0:
                 target_net.load_state_dict(q_net.state_dict())
             if updates % args.steps_per_iteration == 0:  # an iteration is over: play the game
-                log_evaluation(run, q_net, args, updates, device, checkpoint, rng)
-            log_step(run, updates, metrics, checkpoint, rng)
-    return finish_run(run, updates, checkpoint, rng, complete=not stopped())
+                t_eval, video = time.time(), run.video_path(updates)
+                games = evaluate(q_net, args, rom, device, np.random.default_rng([args.seed, updates]), video)
+                run.log_evaluation(updates, games, time.time() - t_eval)
+            run.log_step(updates, metrics)
+    return run.finish(updates, complete=not stopped())
 
 
-# ======================================================================================================================
-# Bookkeeping: the run directory, tensorboard, the progress line, outputs and checkpoints
-# ======================================================================================================================
-@dataclass
+# ----------------------------------------------------------------------------------------------------------------------
+# Outputs: runs/{run_name} (tensorboard, progress line, summary.json, eval_curve.csv / .png), checkpoints, video
+# ----------------------------------------------------------------------------------------------------------------------
 class Run:
-    """What a run writes, and the timers that decide when."""
+    """Everything a run writes, and the timers that decide when."""
 
-    args: Args
-    rom: str
-    run_dir: str
-    writer: SummaryWriter
-    summary: dict
-    evaluations: list  # one dict per finished iteration
-    start_updates: int
-    t_start: float = field(default_factory=time.time)
-    t_log: float = field(default_factory=time.time)
-    t_write: float = field(default_factory=time.time)
-    log_updates: int = 0  # gradient steps at the last progress line
-    recent_sps: float = 0.0  # moving average of the gradient steps/s between progress lines, for the ETA
-    sample_seconds: float = 0.0  # time spent sampling batches (and moving them to the device)
-    eval_seconds: float = 0.0  # time spent in the online evaluations
+    def __init__(self, args, rom, q_net, target_net, optimizer, replay, rng, device, updates, evaluations):
+        self.args, self.rom, self.game, self.q_net, self.target_net = args, rom, camel_name(rom), q_net, target_net
+        self.optimizer, self.rng, self.evaluations = optimizer, rng, evaluations
+        self.start_updates, self.sample_seconds, self.eval_seconds = updates, 0.0, 0.0  # time sampling, evaluating
+        self.t_start = self.t_log = self.t_write = time.time()
+        variant = f"{args.agent}-{args.moe}-{args.encoder}"
+        base = f"{self.game}__{args.exp_name}__{variant}__{args.seed}__{int(time.time())}"
+        self.run_name = base
+        for attempt in range(2, 10**6):  # a run started in the same second gets its own directory
+            if not os.path.exists(os.path.join("runs", self.run_name)):
+                break
+            self.run_name = f"{base}-{attempt}"
+        self.run_dir = os.path.join("runs", self.run_name)
+        os.makedirs(self.run_dir)
+        if args.track:
+            import wandb
 
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config=vars(args), name=self.run_name, save_code=True)  # fmt: skip
+        self.writer = SummaryWriter(self.run_dir)
+        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+        parts = {name: count_parameters(child) for name, child in q_net.named_children()}
+        resumed = f"; resuming at gradient step {updates:,}" if updates else ""
+        print(f"{self.run_name}: {args.agent}, {args.moe} on the {args.encoder} encoder, {sum(parts.values()):,} "
+              f"parameters {parts}, {replay.num_transitions:,} transitions to sample from, device {device}"
+              f"{resumed}")  # fmt: skip
+        dataset = dict(rows=len(replay.frames), transitions_sampled_from=replay.num_transitions,
+                       episode_ends=replay.episodes_started, loading_path="Dopamine's fixed-replay path: the first "
+                       "--data-percent rows of every checkpoint file")  # fmt: skip
+        self.summary = dict(
+            args=asdict(args), run_name=self.run_name, device=str(device), game=self.game,
+            num_parameters=sum(parts.values()), parameters_by_part=parts, dataset=dataset,
+            behaviour_policy=behaviour_policy_score(args.dataset_dir, rom), start_updates=updates,
+        )  # fmt: skip
 
-def num_game_actions(rom: str) -> int:
-    """The game's minimal action set (what ale_py's vector env acts with)."""
-    ale = ale_py.ALEInterface()
-    ale.setLoggerMode(ale_py.LoggerMode.Error)
-    ale.loadROM(ale_py.roms.get_rom_path(rom))
-    return len(ale.getMinimalActionSet())
+    def log_step(self, updates, metrics):
+        """The progress line and the periodic outputs."""
+        args, writer, now = self.args, self.writer, time.time()
+        if now - self.t_log >= args.log_every_seconds:
+            sps = (updates - self.start_updates) / max(now - self.t_start - self.eval_seconds, 1e-9)  # evaluations out
+            for k in ("td_loss", "cql_penalty", "aux_loss", "q_values", "phi_grad_rms"):
+                if k in metrics:
+                    writer.add_scalar(f"losses/{k}", float(metrics[k]), updates)
+            writer.add_scalar("charts/gradient_steps_per_second", sps, updates)
+            total, spi = args.num_iterations * args.steps_per_iteration, args.steps_per_iteration
+            timed = len(self.evaluations) - self.start_updates // spi  # the evaluations of this segment
+            left = eta(total - updates, sps, args.num_iterations - updates // spi,
+                       self.eval_seconds / timed if timed > 0 else None)  # fmt: skip
+            td, penalty = (float(metrics.get(k, float("nan"))) for k in ("td_loss", "cql_penalty"))
+            last = f"{self.evaluations[-1]['mean_return']:.1f}" if self.evaluations else "-"
+            print(f"iteration {min(updates // spi + 1, args.num_iterations)}/{args.num_iterations} | gradient step "
+                  f"{updates:,}/{total:,} | {sps:,.1f} steps/s | td loss {td:.4f} | cql penalty {penalty:.3f} | "
+                  f"last evaluation {last} | {left}", flush=True)  # fmt: skip
+            self.t_log = now
+        if now - self.t_write >= 60 * args.write_every_minutes:
+            self.write_outputs(updates, complete=False)
+            self.t_write = now
 
+    def video_path(self, updates: int) -> str | None:
+        iteration = updates // self.args.steps_per_iteration
+        return os.path.join(self.run_dir, "videos", f"iteration-{iteration}.mp4") if self.args.capture_video else None
 
-def start_run(args: Args, rom: str, net, replay, updates: int, evaluations: list, device, resumed: bool) -> Run:
-    game = camel_name(rom)
-    variant = f"{args.agent}-{args.moe}-{args.encoder}"
-    run_name = base_name = f"{game}__{args.exp_name}__{variant}__{args.seed}__{int(time.time())}"
-    attempt = 1
-    while os.path.exists(os.path.join("runs", run_name)):  # a run started in the same second gets its own directory
-        attempt += 1
-        run_name = f"{base_name}-{attempt}"
-    run_dir = os.path.join("runs", run_name)
-    os.makedirs(run_dir, exist_ok=True)
-    if args.track:
-        import wandb
+    def log_evaluation(self, updates: int, games: list, seconds: float):
+        """An iteration's score and its human-normalised value to tensorboard, summary.json, the evaluation curve and
+        (with --save-model) the checkpoint."""
+        returns, lengths = np.array([r for r, _ in games], dtype=np.float64), [n for _, n in games]
+        mean = float(returns.mean()) if games else float("nan")
+        hns = human_normalized(mean, self.rom)
+        self.evaluations.append({
+            "iteration": updates // self.args.steps_per_iteration, "updates": updates, "episodes": len(games),
+            "mean_return": mean, "std_return": float(returns.std()) if games else float("nan"),
+            "human_normalized_score": hns, "mean_length": float(np.mean(lengths)) if games else float("nan"),
+            "seconds": seconds,
+        })  # fmt: skip
+        self.eval_seconds += seconds
+        self.writer.add_scalar("eval/mean_return", mean, updates)
+        if hns is not None:
+            self.writer.add_scalar("eval/human_normalized_score", hns, updates)
+        print(f"iteration {self.evaluations[-1]['iteration']}: {len(games)} evaluation games, mean return {mean:.1f}, "
+              f"human-normalised {hns if hns is None else round(hns, 3)}, {seconds:.0f} s", flush=True)  # fmt: skip
+        self.write_outputs(updates, complete=False)
+        self.t_write = time.time()
 
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            save_code=True,
-        )
-    writer = SummaryWriter(run_dir)
-    writer.add_text(
-        "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-    )
-    parts = {name: count_parameters(child) for name, child in net.named_children()}
-    print(
-        f"{run_name}: {args.agent}, {args.moe} on the {args.encoder} encoder, {count_parameters(net):,} parameters "
-        f"{parts}, {replay.num_transitions:,} transitions to sample from, device {device}"
-        + (f"; resuming at gradient step {updates:,}" if resumed else "")
-    )
-    summary = {
-        "args": asdict(args),
-        "run_name": run_name,
-        "device": str(device),
-        "game": game,
-        "num_parameters": count_parameters(net),
-        "parameters_by_part": parts,
-        "dataset": {
-            "rows": len(replay.frames),
-            "transitions_sampled_from": replay.num_transitions,
-            "episode_ends": replay.episodes_started,
-            "loading_path": "Dopamine's fixed-replay path: the first --data-percent rows of every checkpoint file",
-        },
-        "behaviour_policy": behaviour_policy_score(args.dataset_dir, rom),
-        "start_updates": updates,
-    }
-    return Run(args, rom, run_dir, writer, summary, evaluations, updates, log_updates=updates)
+    def write_outputs(self, updates, complete: bool):
+        """summary.json, eval_curve.csv / .png and, with --save-model, the checkpoint."""
+        args, evaluations, elapsed = self.args, self.evaluations, time.time() - self.t_start
+        done, last = updates - self.start_updates, evaluations[-1] if evaluations else {}
+        self.summary.update(
+            complete=complete, updates=updates, iterations=len(evaluations), wall_time=elapsed,
+            gradient_steps_per_second=done / max(elapsed - self.eval_seconds, 1e-9),
+            # the sampler's own rate: how many batches it could deliver per second, against the learner's consumption
+            sampler_batches_per_second=done / self.sample_seconds if self.sample_seconds else None,
+            eval_mean_return=last.get("mean_return"), eval_human_normalized_score=last.get("human_normalized_score"),
+            evaluations=evaluations, random_human_scores=RANDOM_HUMAN_SCORES.get(self.game),
+        )  # fmt: skip
+        keys = ("iteration", "updates", "mean_return", "human_normalized_score", "episodes")
+        with open(os.path.join(self.run_dir, "eval_curve.csv"), "w", newline="") as f:
+            header = ("iteration", "gradient_steps", "mean_return", "human_normalized_score", "episodes")
+            csv.writer(f).writerows([header, *([e[k] for k in keys] for e in evaluations)])
+        self.plot_evaluations(os.path.join(self.run_dir, "eval_curve.png"))
+        if args.save_model:
+            path = os.path.join(self.run_dir, f"{SCRIPT}.pt")
+            state = {"q_net": self.q_net.state_dict(), "target_net": self.target_net.state_dict(),
+                     "optimizer": self.optimizer.state_dict(), "updates": updates, "evaluations": evaluations,
+                     "numpy_rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state()}  # fmt: skip
+            save_checkpoint(path, args, state)
+            self.summary["checkpoint"] = path
+        with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
+            json.dump(self.summary, f, indent=2)
 
+    def plot_evaluations(self, path: str):
+        """The evaluation score per iteration, with the game's random and human scores and the behaviour policy's."""
+        if not self.evaluations:
+            return
+        import matplotlib
 
-def behaviour_policy_score(dataset_dir: str, rom: str) -> dict | None:
-    """The generating run's own training returns, when dqn_softmoe.py --save-replay wrote them beside the data."""
-    path = os.path.join(dataset_dir, "behaviour_episodes.csv")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        returns = [float(r["return"]) for r in csv.DictReader(f)]
-    if not returns:
-        return None
-    last = returns[-100:]
-    return {"episodes": len(returns), "mean_return_last_100": float(np.mean(last)),
-            "human_normalized_score": human_normalized(float(np.mean(last)), rom)}  # fmt: skip
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        ax.plot([e["iteration"] for e in self.evaluations], [e["mean_return"] for e in self.evaluations], "ko-", ms=3,
+                label=f"{self.args.agent}, {self.args.moe}")  # fmt: skip
+        if self.game in RANDOM_HUMAN_SCORES:
+            low, human = RANDOM_HUMAN_SCORES[self.game]
+            ax.axhline(low, color="gray", ls=":", label=f"random ({low:g})")
+            ax.axhline(human, color="r", ls=":", label=f"human ({human:g})")
+        if behaviour := self.summary["behaviour_policy"]:
+            score = behaviour["mean_return_last_100"]
+            ax.axhline(score, color="b", ls="--", label=f"behaviour policy, last 100 episodes ({score:.1f})")
+        ax.set_xlabel(f"iteration ({self.args.steps_per_iteration:,} gradient steps each)")
+        ax.set_ylabel("evaluation return (unclipped)")
+        ax.set_title(self.run_name)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
 
-def log_step(run: Run, updates: int, metrics: dict, checkpoint, rng):
-    """The progress line and the periodic outputs."""
-    args, writer = run.args, run.writer
-    now = time.time()
-    if now - run.t_log >= args.log_every_seconds:
-        elapsed = now - run.t_start - run.eval_seconds
-        sps = (updates - run.start_updates) / max(elapsed, 1e-9)
-        recent = (updates - run.log_updates) / (now - run.t_log)
-        run.recent_sps = recent if run.recent_sps == 0 else 0.7 * run.recent_sps + 0.3 * recent
-        total = args.num_iterations * args.steps_per_iteration
-        left_evals = args.num_iterations - updates // args.steps_per_iteration
-        eval_time = run.eval_seconds / max(len(run.evaluations) - run.start_updates // args.steps_per_iteration, 1)
-        eta = (total - updates) / run.recent_sps + left_evals * eval_time if run.recent_sps > 0 else float("inf")
-        for k in ("td_loss", "cql_penalty", "aux_loss", "q_values"):
-            if k in metrics:
-                writer.add_scalar(f"losses/{k}", float(metrics[k]), updates)
-        writer.add_scalar("charts/gradient_steps_per_second", sps, updates)
-        last = run.evaluations[-1] if run.evaluations else None
-        iteration = min(updates // args.steps_per_iteration + 1, args.num_iterations)  # the one under way
-        print(
-            f"iteration {iteration}/{args.num_iterations} | gradient step {updates:,}/"
-            f"{total:,} | {sps:,.1f} steps/s | td loss {float(metrics.get('td_loss', float('nan'))):.4f} | "
-            f"cql penalty {float(metrics.get('cql_penalty', float('nan'))):.3f} | last evaluation "
-            + (f"{last['mean_return']:.1f}" if last else "-")
-            + f" | ETA {fmt_time(eta) if math.isfinite(eta) else '?'} (recent rate, evaluations included)",
-            flush=True,
-        )
-        run.t_log, run.log_updates = now, updates
-    if now - run.t_write >= 60 * args.write_every_minutes:
-        write_outputs(run, updates, checkpoint, rng, complete=False)
-        run.t_write = now
+    def finish(self, updates, complete: bool) -> dict:
+        if not complete:
+            print("interrupted: writing the summary and (with --save-model) the checkpoint")
+        self.write_outputs(updates, complete)
+        hns, mean_return = self.summary["eval_human_normalized_score"], self.summary["eval_mean_return"]
+        mean, hns = "-" if mean_return is None else f"{mean_return:.1f}", hns if hns is None else round(hns, 3)
+        print(f"done: {updates:,} gradient steps, {len(self.evaluations)} iterations, last evaluation {mean}, "
+              f"human-normalised {hns}, {self.summary['gradient_steps_per_second']:,.1f} gradient steps/s (sampler: "
+              f"{self.summary['sampler_batches_per_second'] or 0:,.0f} batches/s)")  # fmt: skip
+        self.writer.close()
+        if self.args.track:
+            import wandb
 
-
-def write_outputs(run: Run, updates: int, checkpoint, rng, complete: bool):
-    """summary.json, eval_curve.csv / .png and, with --save-model, the checkpoint."""
-    args = run.args
-    elapsed = time.time() - run.t_start
-    learn_seconds = max(elapsed - run.eval_seconds, 1e-9)
-    done = updates - run.start_updates
-    last = run.evaluations[-1] if run.evaluations else None
-    run.summary.update(
-        complete=complete,
-        updates=updates,
-        iterations=len(run.evaluations),
-        wall_time=elapsed,
-        gradient_steps_per_second=done / learn_seconds,
-        # the sampler's own rate: how many batches it could deliver per second, against the learner's consumption
-        sampler_batches_per_second=done / run.sample_seconds if run.sample_seconds else None,
-        eval_mean_return=last["mean_return"] if last else None,
-        eval_human_normalized_score=last["human_normalized_score"] if last else None,
-        evaluations=run.evaluations,
-        random_human_scores=RANDOM_HUMAN_SCORES.get(camel_name(run.rom)),
-    )
-    with open(os.path.join(run.run_dir, "eval_curve.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["iteration", "gradient_steps", "mean_return", "human_normalized_score", "episodes"])
-        w.writerows([(e["iteration"], e["updates"], e["mean_return"], e["human_normalized_score"], e["episodes"])
-                     for e in run.evaluations])  # fmt: skip
-    write_eval_curve(os.path.join(run.run_dir, "eval_curve.png"), run)
-    if args.save_model:
-        path = os.path.join(run.run_dir, f"{SCRIPT}.pt")
-        state = checkpoint() | {"updates": updates, "evaluations": run.evaluations}
-        state |= {"numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state()}
-        save_checkpoint(path, args, state)
-        run.summary["checkpoint"] = path
-    with open(os.path.join(run.run_dir, "summary.json"), "w") as f:
-        json.dump(run.summary, f, indent=2)
+            wandb.finish()
+        return self.summary
 
 
-def finish_run(run: Run, updates: int, checkpoint, rng, complete: bool) -> dict:
-    if not complete:
-        print("interrupted: writing the summary and (with --save-model) the checkpoint")
-    write_outputs(run, updates, checkpoint, rng, complete)
-    summary = run.summary
-    hns, mean_return = summary["eval_human_normalized_score"], summary["eval_mean_return"]
-    print(
-        f"done: {updates:,} gradient steps, {len(run.evaluations)} iterations, last evaluation "
-        f"{'-' if mean_return is None else f'{mean_return:.1f}'}, "
-        f"human-normalised {hns if hns is None else round(hns, 3)}, "
-        f"{summary['gradient_steps_per_second']:,.1f} gradient steps/s (sampler: "
-        f"{summary['sampler_batches_per_second'] or 0:,.0f} batches/s)"
-    )
-    run.writer.close()
-    if run.args.track:
-        import wandb
+def eta(steps_left: int, sps: float, evaluations_left: int, seconds_per_evaluation: float | None) -> str:
+    """Time left: the gradient steps at this segment's rate (evaluations excluded) plus the evaluations to come at the
+    mean time of this segment's; until one has been timed, the gradient steps' time alone, a lower bound."""
+    if sps <= 0:
+        return "ETA ?"
+    learning = steps_left / sps
+    if seconds_per_evaluation is None and evaluations_left:
+        return f"ETA over {fmt_time(learning)} (no evaluation timed yet)"
+    total = learning + evaluations_left * (seconds_per_evaluation or 0.0)
+    return f"ETA {fmt_time(total)} (evaluations included)"
 
-        wandb.finish()
-    return summary
+
+def read_checkpoint(args: Args) -> dict:
+    """The checkpoint to resume; ValueError with one line otherwise."""
+    ckpt = load_checkpoint(args.resume, args)
+    if ckpt["updates"] >= args.num_iterations * args.steps_per_iteration:
+        raise ValueError(f"--resume {args.resume!r} has done all {ckpt['updates']:,} steps; raise --num-iterations")
+    return ckpt
 
 
 def restore(ckpt: dict, q_net, target_net, optimizer, rng):
@@ -1326,74 +1232,21 @@ def restore(ckpt: dict, q_net, target_net, optimizer, rng):
     return int(ckpt["updates"]), list(ckpt["evaluations"])
 
 
-def write_eval_curve(path: str, run: Run):
-    """The evaluation score per iteration, with the game's random and human scores and the behaviour policy's."""
-    if not run.evaluations:
-        return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    game = camel_name(run.rom)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot([e["iteration"] for e in run.evaluations], [e["mean_return"] for e in run.evaluations], "ko-", ms=3,
-            label=f"{run.args.agent}, {run.args.moe}")  # fmt: skip
-    if game in RANDOM_HUMAN_SCORES:
-        rnd, human = RANDOM_HUMAN_SCORES[game]
-        ax.axhline(rnd, color="gray", ls=":", label=f"random ({rnd:g})")
-        ax.axhline(human, color="r", ls=":", label=f"human ({human:g})")
-    behaviour = run.summary.get("behaviour_policy")
-    if behaviour:
-        score = behaviour["mean_return_last_100"]
-        ax.axhline(score, color="b", ls="--", label=f"behaviour policy, last 100 episodes ({score:.1f})")
-    ax.set_xlabel(f"iteration ({run.args.steps_per_iteration:,} gradient steps each)")
-    ax.set_ylabel("evaluation return (unclipped)")
-    ax.set_title(os.path.basename(run.run_dir))
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-# ======================================================================================================================
-# Online evaluation (Dopamine's evaluation phase: a step budget, epsilon 0.001, the training protocol)
-# ======================================================================================================================
-def evaluate(q_net, args: Args, rom: str, device, rng: np.random.Generator, video_path: str | None = None) -> list:
-    """--eval-steps: --eval-envs parallel games until their agent steps add up to the budget, keeping the games that
-    end within it (Dopamine's evaluation phase, run in parallel); --eval-episodes: one game per environment, each to its
-    end. epsilon-greedy at --eval-epsilon. Returns the (return, length) of the games kept. With `video_path`, env 0's
-    first game (what the agent sees) is written there as mp4."""
-    num_envs = args.eval_episodes or args.eval_envs
-    envs = make_env(args, rom, num_envs)
-    num_actions = int(envs.single_action_space.n)
-    obs, info = envs.reset(seed=args.seed + 1_000_003)
-    noop_steps = 30 if args.protocol == "atari100k" else 0
-    tracker = EpisodeTracker(num_envs, args.protocol != "dopamine", args.truncation_is_terminal, info, noop_steps, rng)
-    results, steps = [], 0
-    live = np.ones(num_envs, dtype=bool)
-    frames = [] if video_path else None
-    try:
-        while live.any() and (args.eval_episodes or steps < args.eval_steps):
-            actions = np.zeros(num_envs, dtype=np.int32)
-            actions[live] = select_actions(q_net, obs[live], args.eval_epsilon, rng, num_actions, device)
-            next_obs, rewards, terminated, truncated, info = envs.step(tracker.actions(actions))
-            step = tracker.step(rewards, terminated, truncated, info)
-            steps += int((step.acted & live).sum())
-            if frames is not None:
-                frames.append(next_obs[0, -1].copy())
-            for env, episode_return, length in step.finished:
-                if live[env] and (args.eval_episodes or steps <= args.eval_steps):
-                    results.append((episode_return, length))
-                if args.eval_episodes:
-                    live[env] = False  # one game per environment
-                if env == 0 and frames:
-                    write_video(video_path, frames)
-                    frames = None
-            obs = tracker.agent_view(next_obs)
-    finally:
-        envs.close()
-    return results
+def behaviour_policy_score(dataset_dir: str, rom: str) -> dict | None:
+    """The generating run's own training returns, when benchmark/replay_to_dataset.py wrote them beside the data."""
+    path = os.path.join(dataset_dir, "behaviour_episodes.csv")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        returns = [float(r["return"]) for r in csv.DictReader(f)]
+    if not returns:
+        return None
+    last = float(np.mean(returns[-100:]))
+    return {
+        "episodes": len(returns),
+        "mean_return_last_100": last,
+        "human_normalized_score": human_normalized(last, rom),
+    }
 
 
 def write_video(path: str, frames: list):
@@ -1405,46 +1258,12 @@ def write_video(path: str, frames: list):
     ImageSequenceClip(rgb, fps=15).write_videofile(path, logger=None)
 
 
-def log_evaluation(run: Run, q_net, args: Args, updates: int, device, checkpoint, rng):
-    """Evaluate after an iteration; write the score and its human-normalised value to tensorboard, summary.json and
-    the evaluation curve (and the checkpoint)."""
-    t0 = time.time()
-    iteration = updates // args.steps_per_iteration
-    video = os.path.join(run.run_dir, "videos", f"iteration-{iteration}.mp4") if args.capture_video else None
-    games = evaluate(q_net, args, run.rom, device, np.random.default_rng([args.seed, updates]), video)
-    returns = np.array([r for r, _ in games], dtype=np.float64)
-    mean = float(returns.mean()) if len(returns) else float("nan")
-    result = {
-        "iteration": iteration,
-        "updates": updates,
-        "episodes": len(games),
-        "mean_return": mean,
-        "std_return": float(returns.std()) if len(returns) else float("nan"),
-        "human_normalized_score": human_normalized(mean, run.rom),
-        "mean_length": float(np.mean([n for _, n in games])) if games else float("nan"),
-        "seconds": time.time() - t0,
-    }
-    run.evaluations.append(result)
-    run.eval_seconds += result["seconds"]
-    run.writer.add_scalar("eval/mean_return", mean, updates)
-    if result["human_normalized_score"] is not None:
-        run.writer.add_scalar("eval/human_normalized_score", result["human_normalized_score"], updates)
-    hns = result["human_normalized_score"]
-    print(
-        f"iteration {result['iteration']}: {len(games)} evaluation games, mean return {mean:.1f}, human-normalised "
-        f"{hns if hns is None else round(hns, 3)}, {result['seconds']:.0f} s",
-        flush=True,
-    )
-    write_outputs(run, updates, checkpoint, rng, complete=False)
-    run.t_write = time.time()
-
-
 # ======================================================================================================================
 # Shared helpers: byte-identical in dqn_softmoe.py, rainbow_softmoe.py and cql_softmoe.py (a test checks), so that a
 # diff between the scripts shows the algorithms
 # ======================================================================================================================
-# Standard no-op-start random / human reference scores (shared/reference/atari_scores.csv: the rliable / DQN Zoo /
-# Dopamine table), for the human-normalised score (score - random) / (human - random).
+# Standard no-op-start random / human reference scores (benchmark/atari_scores.csv: the rliable / DQN Zoo / Dopamine
+# table), for the human-normalised score (score - random) / (human - random).
 RANDOM_HUMAN_SCORES = {
     "Alien": (227.8, 7127.7), "Amidar": (5.8, 1719.5), "Assault": (222.4, 742.0), "Asterix": (210.0, 8503.3),
     "Asteroids": (719.1, 47388.7), "Atlantis": (12850.0, 29028.1), "BankHeist": (14.2, 753.1),
@@ -1474,10 +1293,8 @@ def camel_name(rom: str) -> str:
 def game_from_env_id(env_id: str) -> str | None:
     """'ALE/MsPacman-v5' -> the ROM name 'ms_pacman', or None when no ROM has that name."""
     match = re.fullmatch(r"ALE/([A-Za-z0-9]+)-v5", env_id)
-    if match is None:
-        return None
     roms = {rom.replace("_", ""): rom for rom in ale_py.roms.get_all_rom_ids()}
-    return roms.get(match.group(1).lower())
+    return roms.get(match.group(1).lower()) if match else None
 
 
 def unknown_env_message(env_id: str) -> str:
@@ -1488,43 +1305,10 @@ def unknown_env_message(env_id: str) -> str:
     return f"unknown --env-id {env_id!r}; closest valid ids: {hint}"
 
 
-def human_normalized(score: float, rom: str) -> float | None:
-    """(score - random) / (human - random), or None for the games without reference scores."""
+def human_normalized(score: float | None, rom: str) -> float | None:
+    """(score - random) / (human - random), or None without a score or for the games without reference scores."""
     ref = RANDOM_HUMAN_SCORES.get(camel_name(rom))
-    if ref is None or not math.isfinite(score):
-        return None
-    return (score - ref[0]) / (ref[1] - ref[0])
-
-
-def physical_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def optional_imports_error(args) -> str | None:
-    if args.track:
-        try:
-            import wandb  # noqa: F401
-        except ImportError:
-            return "--track needs wandb; `pip install wandb` or drop --track"
-    if args.capture_video:
-        try:
-            import moviepy  # noqa: F401
-        except ImportError:
-            return "--capture-video needs moviepy; `pip install moviepy` or drop --capture-video"
-    return None
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def seed_everything(seed: int, deterministic: bool):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    torch.backends.cudnn.deterministic = deterministic
+    return None if ref is None or score is None or not math.isfinite(score) else (score - ref[0]) / (ref[1] - ref[0])
 
 
 class stop_signals:
@@ -1533,24 +1317,22 @@ class stop_signals:
 
     def __enter__(self):
         self.received = False
-
-        def handler(signum, frame):
-            self.received = True
-
-        self.previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        self.previous = {sig: signal.signal(sig, self.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
         return lambda: self.received
+
+    def handler(self, signum, frame):
+        self.received = True
 
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
-        return False
 
 
 def save_checkpoint(path: str, args, state: dict):
     """The script's format, the architecture it must match, the arguments and `state`; atomically (tmp + rename)."""
-    tmp = f"{path}.tmp"
-    torch.save({"format": f"{SCRIPT}/2", "architecture": architecture(args), "args": asdict(args)} | state, tmp)
-    os.replace(tmp, path)
+    head = {"format": f"{SCRIPT}/2", "architecture": architecture(args), "args": asdict(args)}
+    torch.save(head | state, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
 
 
 def load_checkpoint(path: str, args) -> dict:
@@ -1566,15 +1348,12 @@ def load_checkpoint(path: str, args) -> dict:
         script = found.split("/")[0] if isinstance(found, str) else None
         if script == SCRIPT:
             raise ValueError(f"--resume {path!r} has the format {found} of an older {SCRIPT}.py, not {SCRIPT}/2")
-        elsewhere = f" but a {script} one (algos/{script}.py)" if script else ""
-        raise ValueError(f"--resume {path!r} is not a {SCRIPT} checkpoint{elsewhere}")
+        raise ValueError(f"--resume {path!r} is not a {SCRIPT} checkpoint" + (f" but a {script} one" if script else ""))
     want, have = architecture(args), ckpt["architecture"]
     if want != have:
-        keys = sorted(set(want) | set(have))
-        diff = ", ".join(
-            f"{k}: checkpoint {have.get(k)} vs requested {want.get(k)}" for k in keys if want.get(k) != have.get(k)
-        )
-        raise ValueError(f"--resume {path!r} holds another architecture ({diff}); pass matching flags")
+        diff = [f"{k}: checkpoint {have.get(k)} vs requested {want.get(k)}" for k in sorted({*want, *have})
+                if want.get(k) != have.get(k)]  # fmt: skip
+        raise ValueError(f"--resume {path!r} holds another architecture ({', '.join(diff)}); pass matching flags")
     return ckpt
 
 

@@ -3,6 +3,7 @@ penalty by hand, bad files, and smoke runs of both agents on a tiny dataset from
 memory written by benchmark/replay_to_dataset.py; its own tests are in test_replay_to_dataset.py)."""
 
 import gzip
+import inspect
 import json
 import math
 import os
@@ -213,6 +214,80 @@ def test_agents_set_what_table_3_says():
     assert (args.n_step, args.num_atoms) == (1, 51)  # explicit flags override the agent
 
 
+def test_train_step_is_the_cql_loss_backward_and_adam_step_and_reports_phis_gradient():
+    """The loop's one update path: cql_loss, backward, Adam; for a learned Phi the RMS of its gradient."""
+    for agent, kw in (("cql", dict(moe="softmoe", num_experts=2, expert_width=8)), ("cql-c51", dict(moe="none"))):
+        args = cql.fill_defaults(cql.agent_args(agent, encoder="nature", learning_rate=1e-3, **kw))
+        torch.manual_seed(1)
+        nets = [cql.build_network(args, 4) for _ in range(3)]
+        nets[1].load_state_dict(nets[0].state_dict())
+        batch = random_batch()
+        metrics = cql.train_step(nets[0], nets[2], cql.make_optimizer(nets[0], args), batch, args)
+        optimizer = cql.make_optimizer(nets[1], args)
+        loss, expected = cql.cql_loss(nets[1], nets[2], batch, args)
+        loss.backward()
+        optimizer.step()
+        assert torch.equal(metrics["td_loss"], expected["td_loss"])
+        assert torch.equal(metrics["cql_penalty"], expected["cql_penalty"])
+        assert all(torch.equal(a, b) for a, b in zip(nets[0].parameters(), nets[1].parameters(), strict=True))
+        assert ("phi_grad_rms" in metrics) == (kw["moe"] == "softmoe")
+
+
+def test_environment_and_network_are_dqn_softmoes_own():
+    """The pieces that are not the algorithm are dqn_softmoe.py's, character for character, so that its tests (the
+    Soft MoE equations, the no-op starts, the reset steps, ...) hold here and a diff of the scripts shows CQL."""
+    names = ["make_env", "Step", "EpisodeTracker", "lecun_normal_", "xavier_layer", "same_padding", "pad_same",
+             "conv_same", "NatureEncoder", "ResidualBlock", "ImpalaEncoder", "tokenize", "Experts", "l2_normalize",
+             "soft_moe", "SoftMoE", "top1_route", "Top1MoE", "importance_loss", "load_loss", "load_balancing_loss",
+             "count_parameters", "fill_defaults", "to_tensors"]  # fmt: skip
+    for name in names:
+        assert inspect.getsource(getattr(cql, name)) == inspect.getsource(getattr(dqn, name)), name
+
+
+def test_old_flag_names_still_parse():
+    args = cql.parse_args(["--dataset-dir", "d", "--load-model", "x.pt", "--checkpoint-every-minutes", "5"])
+    assert (args.resume, args.write_every_minutes) == ("x.pt", 5.0)
+
+
+def test_eta_adds_the_evaluations_to_come_and_is_a_lower_bound_until_one_is_timed():
+    assert cql.eta(3600, 2.0, 3, None) == "ETA over 0h30m00s (no evaluation timed yet)"
+    assert cql.eta(3600, 2.0, 3, 100.0) == "ETA 0h35m00s (evaluations included)"
+    assert cql.eta(0, 2.0, 0, None) == "ETA 0h00m00s (evaluations included)"
+    assert cql.eta(3600, 0.0, 3, 100.0) == "ETA ?"
+
+
+def test_the_progress_line_rate_leaves_the_evaluations_out(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write_checkpoint(tmp_path / "data", 0, [7, 9, 6], capacity=40)
+    clock = [0.0]
+    monkeypatch.setattr(cql.time, "time", lambda: clock[0])
+    kw = dict(env_id="ALE/Breakout-v5", dataset_dir=str(tmp_path / "data"), moe="none", encoder="nature")
+    args = cql.fill_defaults(cql.agent_args("cql", num_iterations=3, steps_per_iteration=100, **kw))
+    net = cql.build_network(args, 4)
+    run = cql.Run(args, "breakout", net, net, None, load(tmp_path / "data"), None, "cpu", 0, [])
+    clock[0] = 10.0
+    run.log_step(50, {})
+    assert capsys.readouterr().out.strip().endswith("ETA over 0h00m50s (no evaluation timed yet)")  # 250 at 5/s
+    run.log_evaluation(100, [(3.0, 20)], seconds=30.0)
+    clock[0] = 50.0  # 100 steps in 50 - 30 s of learning: 5 steps/s; 200 steps and 2 evaluations of 30 s to come
+    run.log_step(100, {})
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert " 5.0 steps/s " in line and line.endswith("ETA 0h01m40s (evaluations included)")
+    run.writer.close()
+
+
+def test_a_step_budget_keeps_the_games_that_end_within_it_and_episodes_play_one_game_each():
+    kw = dict(env_id="ALE/Breakout-v5", moe="none", encoder="nature", max_episode_frames=120, eval_epsilon=1.0)
+    args = cql.fill_defaults(cql.agent_args("cql", eval_steps=80, eval_envs=2, **kw))
+    net = cql.build_network(args, 4)
+    games = cql.evaluate(net, args, "breakout", "cpu", np.random.default_rng(0))
+    assert len(games) >= 2 and sum(n for _, n in games) <= 80 and all(n <= 30 for _, n in games)
+    for protocol in ("dopamine", "atari100k"):  # atari100k: the no-op start steps are not counted in the length
+        args.eval_episodes, args.protocol = 2, protocol
+        games = cql.evaluate(net, args, "breakout", "cpu", np.random.default_rng(0))
+        assert len(games) == 2 and all(n <= 30 for _, n in games)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Bad data: one line naming the file, before training
 # ----------------------------------------------------------------------------------------------------------------------
@@ -267,7 +342,7 @@ def test_each_bad_file_gives_one_line_naming_it(tmp_path, monkeypatch):
 def no_training(tmp_path, monkeypatch):
     """cwd = tmp_path, and the test fails the moment a run would start (its directory, then training)."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cql, "start_run", lambda *a, **k: pytest.fail("training started on a bad dataset"))
+    monkeypatch.setattr(cql, "Run", lambda *a, **k: pytest.fail("training started on a bad dataset"))
 
 
 @pytest.mark.parametrize("n_step", sorted({agent["n_step"] for agent in cql.AGENTS.values()}))
@@ -411,9 +486,34 @@ def test_smoke_run_of_both_agents_on_a_dataset_from_a_real_game(tmp_path, monkey
     assert saved["dataset"]["transitions_sampled_from"] > 400 and saved["behaviour_policy"]["episodes"] >= 1
     assert saved["sampler_batches_per_second"] > saved["gradient_steps_per_second"]
     assert (tmp_path / "runs" / summary["run_name"] / "eval_curve.png").exists()
-    # resume: the iterations go on from the checkpoint
+    # resume: the iterations go on from the checkpoint, also one whose arguments hold a flag the script no longer has
+    ckpt = torch.load(summary["checkpoint"], weights_only=True)
+    torch.save(ckpt | {"args": ckpt["args"] | {"truncation_is_terminal": False}}, summary["checkpoint"])
     resumed = cql.main(replace_args(args, resume=summary["checkpoint"], num_iterations=3))
     assert resumed["updates"] == 36 and [e["iteration"] for e in resumed["evaluations"]] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_a_resumed_run_goes_on_as_the_uninterrupted_run_also_from_an_earlier_scripts_checkpoint(tmp_path, monkeypatch):
+    """The checkpoint holds the networks, Adam, the counters and both generators, and the evaluations draw from their
+    own, so the resumed run ends with the uninterrupted run's weights and scores. Checkpoints hold the arguments of the
+    script that wrote them (the earlier one had --truncation-is-terminal); only the architecture is matched."""
+    monkeypatch.chdir(tmp_path)
+    write_checkpoint(tmp_path / "data", 0, [7, 9, 6], capacity=40)
+    kw = dict(env_id="ALE/Breakout-v5", dataset_dir=str(tmp_path / "data"), data_percent=100.0, moe="none",
+              encoder="nature", steps_per_iteration=3, eval_episodes=2, max_episode_frames=200, eval_epsilon=0.5,
+              save_model=True)  # fmt: skip
+    whole = cql.main(cql.agent_args("cql", num_iterations=2, **kw))
+    path = cql.main(cql.agent_args("cql", num_iterations=1, **kw))["checkpoint"]
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["args"]["truncation_is_terminal"] = False
+    torch.save(ckpt, path)
+    resumed = cql.main(cql.agent_args("cql", num_iterations=2, resume=path, **kw))
+    assert resumed["start_updates"] == 3 and resumed["updates"] == 6
+    a, b = (torch.load(s["checkpoint"], weights_only=True) for s in (whole, resumed))
+    assert all(torch.equal(a["q_net"][k], b["q_net"][k]) for k in a["q_net"])
+    scores = [[(e["mean_return"], e["mean_length"]) for e in s["evaluations"]] for s in (whole, resumed)]
+    assert scores[0] == scores[1]
 
 
 def replace_args(args, **kw):
