@@ -1,6 +1,6 @@
 """Why one DQN update with Soft MoE differs from the reference's by more than float32 rounding of the weights
-(compare_with_dopamine.py part 3: up to 0.7% of the learning rate, in the encoder): both gradients against the same
-maths in float64.
+(benchmark/compare_with_dopamine.py part 3: up to 0.7% of the learning rate, in the encoder): both gradients against
+the same maths in float64.
 
 Same setup as that script's part 3 (DQN, Nature CNN, Soft MoE with 4 experts, the reference's parameters, the same
 batch). The reference's gradient is read back from its first Adam step (step = -lr g / (|g| + eps)), on the elements
@@ -18,7 +18,8 @@ import sys
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+sys.path.insert(0, os.path.join(ROOT, "benchmark"))
 import compare_with_dopamine as check  # noqa: E402
 
 

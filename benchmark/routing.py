@@ -5,8 +5,8 @@ same architecture (seed 0), plus the spread of Q over the actions and the norm o
 full Rainbow) it also measures how often the greedy action stays the same when the experts' NoisyNet noise is left on:
 the reference's eval mode does that (its ExpertModel never receives eval_mode); our evaluation turns all noise off.
 
-    .venv/bin/python results/atari100k_cpu/routing.py            # every Soft MoE run with a checkpoint in work/runs
-    .venv/bin/python results/atari100k_cpu/routing.py --out results/atari100k_cpu/routing.json  # updates its entries
+    .venv/bin/python benchmark/routing.py      # every run with a checkpoint in results/atari100k_cpu/work/runs
+    .venv/bin/python benchmark/routing.py --out results/atari100k_cpu/routing.json  # updates its entries
 
 Needs the checkpoints saved with --checkpoint-replay (the queue does). Reads only; one torch thread.
 """
@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, os.path.join(ROOT, "algos"))
 import rainbow_softmoe as rb  # noqa: E402
 
@@ -53,7 +53,7 @@ def expert_noise_agreement(net, states: torch.Tensor, greedy: torch.Tensor, draw
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "work", "runs"))
+    parser.add_argument("--runs", default=os.path.join(ROOT, "results", "atari100k_cpu", "work", "runs"))
     parser.add_argument("--states", type=int, default=256)
     parser.add_argument("--out", default=None)
     cli = parser.parse_args()

@@ -1,6 +1,6 @@
 """Floating-point operations of one update (batch 32, forward + backward) and one acting pass (one state) of
 dqn_softmoe.py and rainbow_softmoe.py on the Nature CNN, counted by torch.utils.flop_counter (matrix products and
-convolutions only): python results/update_flops/count_flops.py"""
+convolutions only): python benchmark/count_flops.py"""
 
 import os
 import sys
@@ -8,7 +8,7 @@ import sys
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "algos"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "algos"))
 import dqn_softmoe  # noqa: E402
 import rainbow_softmoe  # noqa: E402
 

@@ -31,7 +31,7 @@ Setup (JAX and Flax are not in requirements.txt; they live in a second venv):
     python -m venv .refvenv && .refvenv/bin/pip install torch==2.13.0 jax flax chex gin-config absl-py \
         tyro gymnasium ale-py tensorboard
     git clone https://github.com/google/dopamine /tmp/dopamine   # checked at commit 5873f54
-    .refvenv/bin/python results/reference_check/compare_with_dopamine.py --dopamine-dir /tmp/dopamine
+    .refvenv/bin/python benchmark/compare_with_dopamine.py --dopamine-dir /tmp/dopamine
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import types
 import numpy as np
 import torch
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, os.path.join(ROOT, "algos"))
 import cql_softmoe  # noqa: E402
 import dqn_softmoe  # noqa: E402
@@ -585,7 +585,7 @@ def main():
     parser.add_argument("--dopamine-dir", required=True, help="a checkout of github.com/google/dopamine")
     parser.add_argument("--init-seeds", type=int, default=8, help="seeds per library for the initialisation part")
     parser.add_argument("--parts", default="123", help="which parts to run, e.g. 3 for the update check alone")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "output.json"))
+    parser.add_argument("--out", default=os.path.join(ROOT, "results", "reference_check", "output.json"))
     args = parser.parse_args()
     networks, agents = import_reference(args.dopamine_dir)
     torch.set_num_threads(1)
