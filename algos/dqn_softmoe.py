@@ -146,8 +146,9 @@ class Args:
     """run the encoder in bfloat16 autocast; the MoE, the head and the loss stay float32"""
 
     # --- analysis (Fig. 10) ---
-    snapshot_every: Annotated[int, tyro.conf.arg(aliases=("--analysis-every",))] = 250_000
-    """agent steps between snapshots (networks + 32 replay transitions) for benchmark/moe_analysis.py; 0 = never"""
+    snapshot_every: Annotated[int, tyro.conf.arg(aliases=("--analysis-every",))] = 0
+    """agent steps between snapshots (networks + 32 replay transitions) for benchmark/moe_analysis.py (Fig. 10 took
+    one every 250k steps; a snapshot is twice the network's size); 0 = never"""
 
 
 def fill_defaults(args: Args) -> Args:

@@ -186,8 +186,9 @@ class Args:
     """epsilon of the evaluation policy (epsilon_eval)"""
 
     # --- analysis (Fig. 10) ---
-    snapshot_every: Annotated[int, tyro.conf.arg(aliases=("--analysis-every",))] = 250_000
-    """agent steps between snapshots (networks + 32 replay transitions) for benchmark/moe_analysis.py; 0 = never"""
+    snapshot_every: Annotated[int, tyro.conf.arg(aliases=("--analysis-every",))] = 0
+    """agent steps between snapshots (networks + 32 replay transitions) for benchmark/moe_analysis.py (Fig. 10 took
+    one every 250k steps; a snapshot is twice the network's size); 0 = never"""
 
 
 # What each preset changes from the full-Rainbow defaults (softmoe_dopamine.md §5.3-5.4, atari_protocol.md §2); both

@@ -39,7 +39,7 @@ DEFAULT_SEEDS = {"smoke": [1], "reduced": [1, 2], "paper": [1, 2, 3, 4, 5]}
 # ends in seconds and still writes scores; reduced: the README's 2M agent steps; paper: 200M frames for Fig. 1 and
 # 40M frames (Appendix A: "the interquantile mean after 40 million environment steps") for the others.
 SMOKE_ONLINE = """--total-timesteps 200 --learning-starts 100 --buffer-size 1000 --iteration-steps 100
-  --max-episode-frames 200 --analysis-every 0 --write-every-minutes 1000""".split()
+  --max-episode-frames 200 --snapshot-every 0 --write-every-minutes 1000""".split()
 SMOKE_100K = SMOKE_ONLINE + ["--eval-episodes", "1"]
 BUDGET_FLAGS = {
     "online": {"smoke": SMOKE_ONLINE, "reduced": ["--total-timesteps", "2000000"],
@@ -101,7 +101,7 @@ def suite_definition(name: str):
             ("rainbow-softmoe-e8-randomphi", "rainbow", ["--moe", "softmoe", "--num-experts", "8", "--random-phi"])
         )
         return GAMES_20, "online", variants
-    if name == "moe-fig10-analysis":  # the analysis (dormant neurons, srank, feature norm) every 250k steps
+    if name == "moe-fig10-analysis":  # the statistics (dormant neurons, srank, feature norm...) every 250k steps
         return GAMES_20, "online", moe_variants(["dqn", "rainbow"])
     if name == "atari100k-fig12":
         variants = [
@@ -261,9 +261,14 @@ def expand(suite, budget, seeds=None, games=None, python=None, dataset="results/
                 argv += BUDGET_FLAGS[kind][budget]
                 if kind == "atari100k" and budget == "reduced" and "none" not in flags:
                     argv += ["--num-experts", "4"]  # DER.gin's network, as results/atari100k_cpu/queue.sh runs it
+                then = ""
+                if suite == "moe-fig10-analysis":  # snapshots every 250k steps, then their statistics
+                    argv += ["--snapshot-every", "100" if budget == "smoke" else "250000"]
+                    found = f'"$(ls -td runs/{game}__{exp}__*__{seed}__*/ | head -n 1)"'
+                    then = f"{shlex.join([python, 'benchmark/moe_analysis.py'])} {found}"
                 argv += list(extra)
                 log = os.path.join("runs", "logs", suite, f"{game}.{variant}.s{seed}.log")
-                tasks.append(Task(suite, game, variant, seed, argv, log))
+                tasks.append(Task(suite, game, variant, seed, argv, log, then))
     return tasks
 
 

@@ -345,8 +345,8 @@ def test_each_preset_sets_what_the_reference_says():
     compact = rb.fill_defaults(rb.Args(compact=True))
     assert not (compact.noisy or compact.dueling or compact.double) and compact.num_atoms == 51
     assert compact.n_step == 3 and not compact.uniform_replay
-    # one snapshot per 10k-step iteration at 100k (the old in-training analysis's cadence), every 250k otherwise
-    assert der.snapshot_every == drq.snapshot_every == 10_000 and rb.Args().snapshot_every == 250_000
+    # one snapshot per 10k-step iteration at 100k (the old in-training analysis's cadence), none otherwise
+    assert der.snapshot_every == drq.snapshot_every == 10_000 and rb.Args().snapshot_every == 0
     # explicit flags on the command line override the preset; the old --analysis-every still names the snapshots
     args = rb.parse_args(["--preset", "der", "--n-step", "20", "--env-id", "ALE/Pong-v5", "--analysis-every", "0"])
     assert (args.preset, args.n_step, args.learning_starts, args.snapshot_every) == ("der", 20, 1600, 0)
