@@ -14,8 +14,8 @@
 # anything else starts afresh.
 # Working files (checkpoints, replay memories: ~0.7 GB per run) stay in results/atari100k_cpu/work/ (git-ignored; they
 # do not survive a fresh checkout, so only a run that finishes within one sitting lands);
-# a finished run's summary, episodes, curve, log and the tensorboard events of all its segments are copied to
-# results/atari100k_cpu/<run>/.
+# a finished run's summary, episodes, curve and log are copied to results/atari100k_cpu/<run>/, with the tensorboard
+# scalars of all its segments as one scalars.csv (benchmark/scalars.py).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -95,11 +95,11 @@ for i in "${!jobs[@]}"; do
     dir=$(dirname "$(latest "$name" summary.json)")
     mkdir -p "$OUT/$name"
     cp "$dir"/summary.json "$dir"/episodes.csv "$dir"/learning_curve.png "$OUT/$name/"
-    # every segment's tensorboard events: the run directories that left a checkpoint (one the queue resumed from, or
+    # every segment's tensorboard scalars: the run directories that left a checkpoint (one the queue resumed from, or
     # the last); an attempt stopped before its first checkpoint was started over, so its events are not the run's
-    for checkpoint in "$WORK"/runs/*__"$name"__*/rainbow_softmoe.pt; do
-      cp "$(dirname "$checkpoint")"/events.out.tfevents.* "$OUT/$name/"
-    done
+    segments=()
+    for checkpoint in "$WORK"/runs/*__"$name"__*/rainbow_softmoe.pt; do segments+=("$(dirname "$checkpoint")"); done
+    "$PY" "$ROOT/benchmark/scalars.py" "${segments[@]}" --out "$OUT/$name/scalars.csv"
     cp "logs/$name.log" "$OUT/$name/train_log.txt"
     echo "$name: complete, copied to $OUT/$name"
   else

@@ -68,7 +68,8 @@ for i in "${!jobs[@]}"; do
   if complete "$name"; then
     dir=$(dirname "$(latest "$name" summary.json)")
     mkdir -p "$OUT/$name"
-    cp "$dir"/summary.json "$dir"/eval_curve.csv "$dir"/eval_curve.png "$dir"/events.out.tfevents.* "$OUT/$name/"
+    cp "$dir"/summary.json "$dir"/eval_curve.csv "$dir"/eval_curve.png "$OUT/$name/"
+    "$PY" "$ROOT/benchmark/scalars.py" "$dir" --out "$OUT/$name/scalars.csv"
     cp "logs/$name.log" "$OUT/$name/train_log.txt"
     echo "$name: complete, copied to $OUT/$name"
   else
