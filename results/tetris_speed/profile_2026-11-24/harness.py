@@ -1,5 +1,5 @@
 """Time and profile the shallow TD(lambda) step of algos/td_lambda_tetris.py outside `main`, the way `main` calls it
-(results/tetris_speed/HISTORY.md, "Where a 10-run compiled step goes").
+(results/tetris_speed/README.md, "Where a 10-run compiled step goes").
 
     .venv/bin/python results/tetris_speed/profile_2026-11-24/harness.py --runs 10 --compile --profile
     .venv/bin/python results/tetris_speed/profile_2026-11-24/harness.py --runs 10 --compile --skip-guards
