@@ -1,4 +1,4 @@
-"""How much the Soft MoE runs of the queue route: the routing statistics of `rainbow_softmoe.routing_statistics` on
+"""How much the Soft MoE runs of the queue route: the routing statistics of `moe_analysis.routing_statistics` on
 256 states from each run's own replay memory, for its latest checkpoint and for a freshly initialised network of the
 same architecture (seed 0), plus the spread of Q over the actions and the norm of the encoder's output tokens (the
 11 x 11 positions' 64-vectors). The baseline runs get the last two, for comparison. For runs with noisy experts (DER,
@@ -23,13 +23,14 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, os.path.join(ROOT, "algos"))
 import rainbow_softmoe as rb  # noqa: E402
+from moe_analysis import routing_statistics  # noqa: E402  (beside this file)
 
 
 def statistics(net, states: torch.Tensor) -> dict:
     with torch.no_grad():
         q, aux = net(states, return_aux=True)
         tokens = rb.tokenize(net.encoder(states.float() / 255.0), "perconv")  # (B, h*w, d), whatever the network
-    out = rb.routing_statistics(aux) if "dispatch" in aux else {}
+    out = routing_statistics(aux) if "dispatch" in aux else {}
     out["q_mean"] = float(q.mean())
     out["q_spread_over_actions"] = float(q.std(1).mean())
     out["token_norm_in"] = float(tokens.norm(dim=-1).mean())
@@ -53,7 +54,7 @@ def expert_noise_agreement(net, states: torch.Tensor, greedy: torch.Tensor, draw
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", default=os.path.join(ROOT, "results", "atari100k_cpu", "work", "runs"))
+    parser.add_argument("--runs", default=os.path.join(ROOT, "results", "atari100k_cpu", "work", "runs"), help="runs/")
     parser.add_argument("--states", type=int, default=256)
     parser.add_argument("--out", default=None)
     cli = parser.parse_args()
@@ -65,7 +66,8 @@ def main():
     report = {}
     for name, path in latest.items():
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        args = rb.fill_defaults(rb.Args(**ckpt["args"]))
+        known = {k: v for k, v in ckpt["args"].items() if k in rb.Args.__dataclass_fields__}  # older flags dropped
+        args = rb.fill_defaults(rb.Args(**known))
         if args.moe not in ("softmoe", "none") or not ckpt.get("replay"):
             continue
         replay = rb.FrameReplay(args.buffer_size, args.num_envs, prioritized=False)

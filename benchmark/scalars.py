@@ -16,9 +16,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 def read_scalars(run_dirs: list[str]) -> dict[tuple[str, int], float]:
     values = {}
-    files = sorted(
-        (f for d in run_dirs for f in glob.glob(os.path.join(d, "events.out.tfevents.*"))), key=os.path.getmtime
-    )
+    # in the order written: an event file's name holds its start time (a fresh clone gives every file one mtime)
+    files = sorted((f for d in run_dirs for f in glob.glob(os.path.join(d, "events.out.tfevents.*"))),
+                   key=lambda f: float(os.path.basename(f).split(".")[3]))  # fmt: skip
     for path in files:
         events = EventAccumulator(path, size_guidance={"scalars": 0})
         events.Reload()

@@ -94,7 +94,8 @@ for i in "${!jobs[@]}"; do
   if complete "$name"; then
     dir=$(dirname "$(latest "$name" summary.json)")
     mkdir -p "$OUT/$name"
-    cp "$dir"/summary.json "$dir"/episodes.csv "$dir"/learning_curve.png "$OUT/$name/"
+    cp "$dir"/summary.json "$dir"/episodes.csv "$OUT/$name/"
+    "$PY" "$ROOT/benchmark/learning_curve.py" "$dir" && cp "$dir"/learning_curve.png "$OUT/$name/"
     # every segment's tensorboard scalars: the run directories that left a checkpoint (one the queue resumed from, or
     # the last); an attempt stopped before its first checkpoint was started over, so its events are not the run's
     segments=()
