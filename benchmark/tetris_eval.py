@@ -22,7 +22,6 @@ import tyro
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "algos"))
 import td_lambda_tetris as td  # noqa: E402
-
 from envs import tetris  # noqa: E402
 
 EVAL_GAMES = 64  # games played at once, split over the evaluated runs (one run alone plays 64)

@@ -1,9 +1,10 @@
 """The shallow network's maths written plainly, the reference the tests hold algos/td_lambda_tetris.py's fast paths to:
 V(s) and its hand-derived gradient per state (eq. 7, 11, 12) and the dense trace update with a sparse W1 gradient."""
 
-import td_lambda_tetris as td
 import torch
 import torch.nn.functional as F
+
+import td_lambda_tetris as td
 
 
 def shallow_hidden_input(params, idx: torch.Tensor) -> torch.Tensor:

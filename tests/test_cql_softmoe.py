@@ -10,12 +10,12 @@ import os
 import subprocess
 import sys
 
-import cql_softmoe as cql
-import dqn_softmoe as dqn
 import numpy as np
 import pytest
 import torch
 
+import cql_softmoe as cql
+import dqn_softmoe as dqn
 from benchmark import replay_to_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

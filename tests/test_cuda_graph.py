@@ -1,11 +1,12 @@
 """--cuda-graph (dqn_softmoe.py, rainbow_softmoe.py): the replayed graph makes the same updates and picks the same
 actions as eager mode. Everything but the CPU error needs a GPU and is skipped without one."""
 
-import dqn_softmoe as dqn
 import numpy as np
 import pytest
-import rainbow_softmoe as rb
 import torch
+
+import dqn_softmoe as dqn
+import rainbow_softmoe as rb
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 NETWORKS = [dict(encoder="nature", moe="none"), dict(encoder="nature", moe="softmoe", num_experts=2, expert_width=32)]

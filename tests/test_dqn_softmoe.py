@@ -10,11 +10,12 @@ import os
 import subprocess
 import sys
 
-import dqn_softmoe as dqn
 import numpy as np
 import pytest
 import torch
 import tyro
+
+import dqn_softmoe as dqn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "algos", "dqn_softmoe.py")

@@ -6,11 +6,11 @@ import glob
 import math
 import os
 
-import dqn_softmoe as dqn
 import numpy as np
 import pytest
 import torch
 
+import dqn_softmoe as dqn
 from benchmark import moe_analysis as analysis
 
 

@@ -14,12 +14,12 @@ import re
 import subprocess
 import sys
 
-import dqn_softmoe as dqn
 import numpy as np
 import pytest
-import rainbow_softmoe as rb
 import torch
 
+import dqn_softmoe as dqn
+import rainbow_softmoe as rb
 from benchmark import moe_analysis
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -5,10 +5,10 @@ episode ends, the time-limit cut, lost lives, reset steps left out), and cql_sof
 import gzip
 import os
 
-import cql_softmoe as cql
-import dqn_softmoe as dqn
 import numpy as np
 
+import cql_softmoe as cql
+import dqn_softmoe as dqn
 from benchmark import replay_to_dataset as convert
 
 

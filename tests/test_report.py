@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+
 import report
 import suites
 

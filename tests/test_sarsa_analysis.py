@@ -8,8 +8,9 @@ import sys
 
 import numpy as np
 import pytest
-import sarsa_lambda_silu_atari as sarsa
 import torch
+
+import sarsa_lambda_silu_atari as sarsa
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmark"))

@@ -13,9 +13,10 @@ import sys
 import ale_py
 import numpy as np
 import pytest
-import sarsa_lambda_silu_atari as sarsa
 import torch
 from torch import nn
+
+import sarsa_lambda_silu_atari as sarsa
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "algos", "sarsa_lambda_silu_atari.py")

@@ -8,8 +8,9 @@ import sys
 
 import numpy as np
 import pytest
-import td_lambda_tetris as td
 import torch
+
+import td_lambda_tetris as td
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "algos", "td_lambda_tetris.py")
 

@@ -4,9 +4,10 @@ import math
 
 import numpy as np
 import pytest
+import torch
+
 import td_lambda_tetris as td
 import td_reference as ref
-import torch
 
 
 def test_dsilu_is_the_derivative_of_silu_and_its_derivative_is_eq_12():

@@ -2,10 +2,10 @@
 loop built from the reference pieces (dense traces, per-run forward passes), and compiled against eager."""
 
 import pytest
-import td_lambda_tetris as td
-import td_reference as ref
 import torch
 
+import td_lambda_tetris as td
+import td_reference as ref
 from envs.tetris import VARIANTS, ColumnEngine, binary_feature_indices, binary_feature_length
 
 HEIGHT, WIDTH, PIECES = VARIANTS["sz"]

@@ -7,8 +7,9 @@ import sys
 
 import numpy as np
 import pytest
-import td_lambda_tetris as td
 import torch
+
+import td_lambda_tetris as td
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark"))
 import tetris_eval as ev  # noqa: E402

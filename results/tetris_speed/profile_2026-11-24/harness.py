@@ -21,7 +21,6 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "algos")]
 import td_lambda_tetris as T  # noqa: E402
-
 from envs.tetris import ColumnEngine, binary_feature_length  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
