@@ -18,8 +18,8 @@
 #   atari-speed     agent steps per second of the Sarsa(lambda) loop at 1 and 8 environments
 # Obando-Ceron et al. 2024 (20 games, 26 for Atari 100k):
 #   moe-fig1 (DQN, Rainbow: 1/2/4/8 Soft MoE experts against the baseline widened x1-x8), moe-fig4-replay-ratio,
-#   moe-fig6-tokenization, moe-fig7-cnn, moe-fig8-random-phi, moe-fig10-analysis, atari100k-fig12 (DER and DrQ(eps),
-#   26 games, 3 seeds), cql-fig11
+#   moe-fig6-tokenization, moe-fig7-cnn, moe-fig8-random-phi, moe-fig10-analysis, atari100k (DER and DrQ(eps),
+#   baseline vs Soft MoE, 26 games, 100k agent steps: §5.2's text-only claim, no figure), cql-fig11
 #
 # Budgets: smoke = seconds per task on a CPU; reduced = the budget of the repository's results (results/*/README.md);
 # paper = the paper's. One task per (game, variant, seed); --slurm submits them as one job array (with --dry-run it

@@ -103,7 +103,8 @@ class Args:
     env_id: str = "ALE/Pong-v5"
     """Gymnasium ALE id of the dataset's game, ALE/<Game>-v5"""
     protocol: Literal["dopamine", "nature", "atari100k"] = "dopamine"
-    """dopamine: sticky actions 0.25 (the paper's); nature: 0-29 no-op frames; atari100k: 0-29 no-op agent steps"""
+    """dopamine: sticky actions 0.25 (the paper's); nature: 0-29 no-op emulator frames, a lost life starts a new
+    stack; atari100k: 0-29 no-op agent steps (action 0, not counted or scored), a lost life starts a new stack"""
     max_episode_frames: int = 108_000
     """episode cap in emulator frames (Dopamine's max_steps_per_episode 27,000 agent steps)"""
 
@@ -267,7 +268,8 @@ def validate(args: Args) -> str | None:
 def make_env(args: Args, rom: str, num_envs: int):
     """Frame skip 4 with max-pool, 84x84 grayscale, 4-frame stacks (zero before the episode's first frame), unclipped
     rewards. No-op starts: 0-29 emulator frames under `nature`; 0-29 agent steps under `atari100k` (EpisodeTracker).
-    A lost life is `terminated` under `nature` and `atari100k`, but the game goes on (no reset)."""
+    A lost life is `terminated` under `nature` and `atari100k`, but the game goes on (no reset). The step that loses
+    a life plays all 4 frames (Dopamine's preprocessing stops at the lost life's frame): up to 3 frames more."""
     return ale_py.AtariVectorEnv(
         rom, num_envs, num_threads=min(num_envs, os.cpu_count() or 1), frameskip=4, maxpool=True, grayscale=True,
         img_height=FRAME_SHAPE[0], img_width=FRAME_SHAPE[1], stack_num=STACK, full_action_space=False,

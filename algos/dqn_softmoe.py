@@ -84,8 +84,9 @@ class Args:
     env_id: str = "ALE/Breakout-v5"
     """Gymnasium ALE id, ALE/<Game>-v5; the protocol is set by --protocol, not by the id"""
     protocol: Literal["dopamine", "nature", "atari100k"] = "dopamine"
-    """dopamine: sticky actions 0.25, game over ends the episode (the paper's); nature: 0-29 no-op frames, a lost
-    life is terminal; atari100k: 0-29 no-op agent steps, a lost life is terminal (Dopamine's Atari-100k runner)"""
+    """dopamine: sticky actions 0.25, game over ends the episode (the paper's); nature: 0-29 no-op emulator frames, a
+    lost life is terminal; atari100k: 0-29 no-op agent steps (action 0, not counted or scored), a lost life is
+    terminal (Dopamine's atari_100k_runner)"""
     num_envs: int = 1
     """environments stepped together; the updates per agent step stay --replay-ratio"""
     max_episode_frames: int = 108_000
@@ -220,7 +221,8 @@ def validate(args: Args) -> str | None:
 def make_env(args: Args, rom: str, num_envs: int):
     """Frame skip 4 with max-pool, 84x84 grayscale, 4-frame stacks (zero before the episode's first frame), unclipped
     rewards. No-op starts: 0-29 emulator frames under `nature`; 0-29 agent steps under `atari100k` (EpisodeTracker).
-    A lost life is `terminated` under `nature` and `atari100k`, but the game goes on (no reset)."""
+    A lost life is `terminated` under `nature` and `atari100k`, but the game goes on (no reset). The step that loses
+    a life plays all 4 frames (Dopamine's preprocessing stops at the lost life's frame): up to 3 frames more."""
     return ale_py.AtariVectorEnv(
         rom, num_envs, num_threads=min(num_envs, os.cpu_count() or 1), frameskip=4, maxpool=True, grayscale=True,
         img_height=FRAME_SHAPE[0], img_width=FRAME_SHAPE[1], stack_num=STACK, full_action_space=False,

@@ -2,9 +2,11 @@
 Top1-MoE or a (widened) dense layer, on ALE games; with the Atari-100k presets DER and DrQ(epsilon).
 
 Obando-Ceron, Sokar, Willi et al. (ICML 2024), "Mixtures of Experts Unlock Parameter Scaling for Deep RL", §2.2
-(Soft MoE), §3 (the MoE replaces the penultimate dense layer), §4 (Rainbow: Figs. 1, 4-10, 18) and §5.2 (Atari 100k:
-Figs. 12, 16), as `dopamine/labs/moes` builds it (full_rainbow.gin, DER.gin; DrQ_eps.gin of labs/atari_100k). The
-Soft MoE and Top1-MoE equations are those of dqn_softmoe.py; this file adds the agent:
+(Soft MoE), §3 (the MoE replaces the penultimate dense layer), §4 (Rainbow: Figs. 1, 4-10, 18) and §5.2 (DER and
+DrQ(epsilon): Figs. 12 and 16 are 50M-step runs; at 100k steps the paper has one sentence of text, "no real difference
+between the different variants", with no figure, numbers or network), as `dopamine/labs/moes` builds it
+(full_rainbow.gin, DER.gin; DrQ_eps.gin of labs/atari_100k). The Soft MoE and Top1-MoE equations are those of
+dqn_softmoe.py; this file adds the agent:
 
     C51: Z(s, a) on the support z_i = v_min + i (v_max - v_min) / (N - 1), i < N = 51;
          p(s, a) = softmax_i(logits(s, a)), Q(s, a) = sum_i z_i p_i(s, a)
@@ -59,8 +61,8 @@ STACK = 4
 class Args:
     # --- experiment ---
     preset: Literal["full-rainbow", "der", "drq-eps"] = "full-rainbow"
-    """full-rainbow (full_rainbow.gin: the defaults below), der (§5.3, DER.gin) or drq-eps (§5.4, DrQ_eps.gin): the
-    defaults of the Atari-100k agents (PRESETS); flags given after it override it; `--preset NAME --help` shows them"""
+    """full-rainbow (full_rainbow.gin: the defaults below), der (DER.gin) or drq-eps (DrQ_eps.gin): the defaults of
+    the Atari-100k agents (PRESETS); flags given after it override it; `--preset NAME --help` shows them"""
     exp_name: str = SCRIPT
     """name of this experiment (part of the run name)"""
     seed: int = 1
@@ -94,8 +96,9 @@ class Args:
     env_id: str = "ALE/Breakout-v5"
     """Gymnasium ALE id, ALE/<Game>-v5; the protocol is set by --protocol, not by the id"""
     protocol: Literal["dopamine", "nature", "atari100k"] = "dopamine"
-    """dopamine: sticky actions 0.25, game over ends the episode (the paper's); nature: 0-29 no-op frames, a lost
-    life is terminal; atari100k: 0-29 no-op agent steps, a lost life is terminal (Dopamine's Atari-100k runner)"""
+    """dopamine: sticky actions 0.25, game over ends the episode (the paper's); nature: 0-29 no-op emulator frames, a
+    lost life is terminal; atari100k: 0-29 no-op agent steps (action 0, not counted or scored), a lost life is
+    terminal (Dopamine's atari_100k_runner)"""
     num_envs: int = 1
     """environments stepped together; the updates per agent step stay --replay-ratio"""
     max_episode_frames: int = 108_000
@@ -176,7 +179,7 @@ class Args:
     bf16: bool = False
     """run the encoder in bfloat16 autocast; the MoE, the head and the loss stay float32"""
 
-    # --- evaluation (Atari 100k, §5.4) ---
+    # --- evaluation (Atari 100k: Dopamine's DataEfficientAtariRunner) ---
     eval_episodes: int = 0
     """episodes (one per parallel env) of the evaluation after training and every --eval-every steps, at --eval-epsilon
     with the noise off; 0 = none (Dopamine's online protocol scores the training episodes); the 100k presets set 100"""
@@ -192,7 +195,8 @@ class Args:
 
 
 # What each preset changes from the full-Rainbow defaults (softmoe_dopamine.md §5.3-5.4, atari_protocol.md §2); both
-# keep the paper's Fig. 12 network (Impala, 8 experts), the shipped DER.gin has --encoder nature --num-experts 4
+# keep the defaults' network, that of Fig. 12 (Impala, 8 experts; a 50M-step figure: the paper's 100k statement is text
+# only and names no network); the shipped DER.gin has --encoder nature --num-experts 4
 ATARI_100K = dict(
     protocol="atari100k", total_timesteps=100_000, iteration_steps=10_000, learning_starts=1600, learning_rate=1e-4,
     adam_eps=1.5e-4, replay_ratio=1.0, eval_episodes=100,  # update_period 1; 10 iterations of 10k, then 100 episodes
@@ -304,7 +308,8 @@ def validate(args: Args) -> str | None:
 def make_env(args: Args, rom: str, num_envs: int):
     """Frame skip 4 with max-pool, 84x84 grayscale, 4-frame stacks (zero before the episode's first frame), unclipped
     rewards. No-op starts: 0-29 emulator frames under `nature`; 0-29 agent steps under `atari100k` (EpisodeTracker).
-    A lost life is `terminated` under `nature` and `atari100k`, but the game goes on (no reset)."""
+    A lost life is `terminated` under `nature` and `atari100k`, but the game goes on (no reset). The step that loses
+    a life plays all 4 frames (Dopamine's preprocessing stops at the lost life's frame): up to 3 frames more."""
     return ale_py.AtariVectorEnv(
         rom, num_envs, num_threads=min(num_envs, os.cpu_count() or 1), frameskip=4, maxpool=True, grayscale=True,
         img_height=FRAME_SHAPE[0], img_width=FRAME_SHAPE[1], stack_num=STACK, full_action_space=False,
@@ -948,8 +953,8 @@ def select_actions(q_net, obs: np.ndarray, epsilon: float, rng: np.random.Genera
 
 
 def evaluate(q_net, args: Args, rom: str, num_episodes: int, device, rng: np.random.Generator) -> list[tuple]:
-    """Atari 100k's evaluation (§5.4; Dopamine's DataEfficientAtariRunner, one game per parallel environment): each
-    game played to its end under the run's protocol (0-29 no-op starts under atari100k), epsilon-greedy at
+    """Atari 100k's evaluation (Dopamine's DataEfficientAtariRunner, one game per parallel environment): each
+    game played to its end under the run's protocol (0-29 no-op agent steps under atari100k), epsilon-greedy at
     --eval-epsilon with the noise off (the reference's eval_mode; its experts keep their noise, ours do not). Returns
     the (return, length) of every game."""
     envs = make_env(args, rom, num_episodes)

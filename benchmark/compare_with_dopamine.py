@@ -10,10 +10,10 @@ inside. Three parts (`--parts`):
    flatten to PyTorch's CHW flatten), run both on the same real Atari stacks (Boxing and Breakout, random play) with
    the noise off, and report the largest difference in Q (and in the C51 logits). For noisy experts it also reports
    the reference's own eval mode, which leaves the experts' noise on (its ExpertModel never receives eval_mode).
-2. Own initialisations, for the Atari-100k networks (DER.gin's Nature CNN with 4 experts and the paper's Fig. 12
-   Impala network with 8 experts): the root mean square of every parameter tensor (the NoisyNet sigmas are
-   constants), and the routing each starts with on those states (dispatch entropy / log m, 1 = every slot the mean
-   token).
+2. Own initialisations, for the networks of our Atari-100k runs (DER.gin's Nature CNN with 4 experts, and the Impala
+   network with 8 experts of the paper's 50M-step Fig. 12, the presets' default): the root mean square of every
+   parameter tensor (the NoisyNet sigmas are constants), and the routing each starts with on those states (dispatch
+   entropy / log m, 1 = every slot the mean token).
 3. One update on the same batch: the reference's jitted train() (full_rainbow_moe_agent; offline_rainbow_agent for
    CQL; dqn_moe_agent for DQN) against our rainbow_loss / cql_loss / dqn_loss and torch Adam, comparing the losses
    and the parameters after the step.

@@ -371,7 +371,7 @@ def moe_tables(runs, out_dir, reps, plots) -> list[str]:
                 rows,
             )  # fmt: skip
         )
-        if fig in ("atari100k-fig12", "other"):
+        if fig in ("atari100k", "other"):
             per_game = atari100k_per_game(variants)
             if per_game:
                 text.append(per_game)

@@ -155,7 +155,7 @@ def test_suites_expand_every_figure():
         assert all(t.exp_name.startswith(name + ".") and "--exp-name" in t.argv for t in tasks)
     fig1 = suites.expand("moe-fig1", "paper")
     assert len(fig1) == 20 * 16 * 5  # 20 games x (DQN, Rainbow) x (1, 2, 4, 8 experts + widths x1..x8) x 5 seeds
-    assert len(suites.expand("atari100k-fig12", "reduced", seeds=[1], games=["Pong"])) == 4
+    assert len(suites.expand("atari100k", "reduced", seeds=[1], games=["Pong"])) == 4
     assert np.all([t.game == "Breakout" for t in suites.expand("moe-fig1", "smoke")])
 
 
@@ -163,8 +163,7 @@ def test_suites_take_options_before_the_double_dash(capsys, monkeypatch):
     """`SUITE --budget paper --dry-run -- --device cuda`: the options parse and the flags after -- reach every task."""
     monkeypatch.chdir(suites.ROOT)  # main() changes to the repository root; the fixture restores the directory after
     assert (
-        suites.main(["atari100k-fig12", "--budget", "paper", "--games", "Pong", "--dry-run", "--", "--device", "cuda"])
-        == 0
+        suites.main(["atari100k", "--budget", "paper", "--games", "Pong", "--dry-run", "--", "--device", "cuda"]) == 0
     )
     commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("+ ")]
     assert len(commands) == 4 * 5  # 4 variants x 5 seeds at the paper budget, one game
@@ -173,13 +172,13 @@ def test_suites_take_options_before_the_double_dash(capsys, monkeypatch):
 
 def test_reduced_atari100k_runs_the_der_gin_network():
     """The reduced budget is the README's CPU network: Nature CNN, and 4 experts for Soft MoE (DER.gin)."""
-    for t in suites.expand("atari100k-fig12", "reduced", seeds=[1], games=["Pong"]):
+    for t in suites.expand("atari100k", "reduced", seeds=[1], games=["Pong"]):
         assert t.argv[t.argv.index("--encoder") + 1] == "nature"
         moe = t.argv[t.argv.index("--moe") + 1]
         assert ("--num-experts" in t.argv) == (moe != "none")
         if moe != "none":
             assert t.argv[t.argv.index("--num-experts") + 1] == "4"
-    assert all("--num-experts" not in t.argv for t in suites.expand("atari100k-fig12", "paper", games=["Pong"]))
+    assert all("--num-experts" not in t.argv for t in suites.expand("atari100k", "paper", games=["Pong"]))
 
 
 def test_elfwing_suites_expand_at_every_budget_with_the_papers_episodes():
