@@ -517,6 +517,26 @@ def test_resume_with_the_replay_memory_keeps_the_priorities(tmp_path, monkeypatc
         run(total_timesteps=300, resume=first["checkpoint"], **kw)
 
 
+def test_a_corrupt_or_truncated_replay_file_is_a_one_line_error_at_resume(tmp_path, monkeypatch):
+    """A flipped byte (the zip's CRC-32) or a cut file in a prioritised memory stops the resume with one line naming
+    the file, before a run directory is made (load_replay is dqn_softmoe.py's, tested there for a missing array)."""
+    monkeypatch.chdir(tmp_path)
+    kw = dict(SMALL, total_timesteps=50, learning_starts=1000, save_model=True, checkpoint_replay=True)
+    path = run(**kw)["checkpoint"]
+    replay = rb.replay_path(path, 50)
+    good = open(replay, "rb").read()
+    runs, mid = sorted(os.listdir("runs")), len(good) // 2
+    damages = {"BadZipFile: Bad CRC-32": good[:mid] + bytes([good[mid] ^ 1]) + good[mid + 1 :],
+               "BadZipFile: File is not a zip file": good[:-100]}  # fmt: skip
+    for cause, damage in damages.items():
+        open(replay, "wb").write(damage)
+        with pytest.raises(SystemExit) as err:
+            run(**dict(kw, total_timesteps=100, resume=path))
+        message = str(err.value)
+        assert message.startswith(f"error: --resume: the replay memory {replay!r} is truncated or corrupt ({cause}")
+        assert "\n" not in message and sorted(os.listdir("runs")) == runs
+
+
 def test_a_checkpoint_of_the_script_before_snapshots_resumes_with_its_replay_memory(tmp_path, monkeypatch):
     """Checkpoints of runs started before --snapshot-every (the 100k queues') hold analysis_every, ntk_memory_mb,
     save_replay and save_replay_rows in their arguments; only the architecture is matched, so they resume, with the
