@@ -1035,6 +1035,9 @@ def main(args: Args) -> dict:
         kept = f"; the last good checkpoint is {log.summary['checkpoint']}" if "checkpoint" in log.summary else ""
         raise SystemExit(f"error: {log.summary['diverged']}: training stopped (summary.json written{kept})")
     for act, info in (log.summary.get("per_activation") or {args.activation[0]: log.summary}).items():
+        if not info["final_window"]:
+            print(f"{act}: no final score yet (some run has not finished an episode)")
+            continue
         runs = ", ".join(f"{v:.1f}" for v in info["final_score_per_run"])
         print(
             f"{act}: final mean score over the last {info['final_window']} episodes: {info['final_score_mean']:.2f} "

@@ -248,6 +248,17 @@ def test_sigterm_stops_the_loop_and_writes_the_summary_and_checkpoint(tmp_path):
     assert summary["complete"] is False and (tmp_path / summary["checkpoint"]).is_file()
 
 
+def test_sigterm_before_the_first_episode_ends_writes_the_summary_and_says_there_is_no_score(tmp_path):
+    """A deep run stopped at its first progress line has finished no episode: no final score, and no crash."""
+    code, out = stop_with_sigterm_after_progress(tmp_path, "--network", "deep", "--save-model", progress_lines=1)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert code == 0 and "Traceback" not in out and summary["complete"] is False
+    if summary["final_window"] == 0:
+        assert "silu-dsilu: no final score yet (some run has not finished an episode)" in out
+    assert (tmp_path / summary["checkpoint"]).is_file()
+
+
 @pytest.mark.slow
 def test_sigterm_stops_a_compiled_run(tmp_path):
     """Raising from the signal handler once landed in torch.compile's guard code, which swallowed it (the run went on
