@@ -3,6 +3,7 @@
     python milestone.py pack runs/<run>/td_lambda_tetris.pt state.npz      # what gets committed (~4 MB at 40 runs)
     python milestone.py unpack state.npz resume.pt                         # then: bash command.sh --resume resume.pt
     python milestone.py table runs/<run>/td_lambda_tetris.pt 25000          # the table and Fig. 2 at episode 25,000
+    python milestone.py rates train_log.txt rates.csv                     # placements/s over the run, per segment
 
 A checkpoint holds every episode's score and length (40 runs x 200k episodes: ~100 MB at the end), too much for git.
 `pack` keeps everything that training reads (the learner's parameters and traces, the games in progress, the random
@@ -145,8 +146,38 @@ def table(ckpt_path: str, at: str):
     fig.savefig(os.path.join(here, "learning_curves.png"), dpi=110)
 
 
+def rates(log_path: str, out: str):
+    """placements/s over the run from the training log: per window of ~10 minutes of each segment (a process from its
+    start or resume to its end; its progress lines count placements and time from that start), to `out` as CSV, and
+    one line per segment."""
+    import re
+
+    segments, line = [], re.compile(r"episodes ([\d,]+)/.*\| placements ([\d,]+) \| ([\d,]+) placements/s")
+    for text in open(log_path):
+        if ": 10 run(s) each of" in text:  # a process's first line
+            segments.append([])
+        elif m := line.match(text):
+            episode, placements, rate = (int(g.replace(",", "")) for g in m.groups())
+            segments[-1].append((episode, placements / max(rate, 1), placements))  # (episode, seconds, placements)
+    rows = []
+    for k, points in enumerate(segments):
+        if not points:
+            continue
+        last = (points[0][0], 0.0, 0)
+        for episode, t, placements in points:
+            if t - last[1] >= 600 or (episode, t, placements) == points[-1]:
+                rows.append((k, last[0], episode, t, placements, (placements - last[2]) / max(t - last[1], 1e-9)))
+                last = (episode, t, placements)
+        (e0, _, _), (e1, t1, p1) = points[0], points[-1]
+        print(f"segment {k}: episodes {e0:,}-{e1:,} of the slowest run, {t1:,.0f} s, {p1:,} placements, "
+              f"{p1 / t1:,.0f} placements/s")  # fmt: skip
+    with open(out, "w") as f:
+        f.write("segment,episode_from,episode_to,seconds_in_segment,placements_in_segment,placements_per_s\n")
+        f.writelines(f"{k},{a},{b},{t:.0f},{p},{r:.0f}\n" for k, a, b, t, p, r in rows)
+
+
 if __name__ == "__main__":
-    commands = {"pack": pack, "unpack": unpack, "table": table}
+    commands = {"pack": pack, "unpack": unpack, "table": table, "rates": rates}
     if len(sys.argv) != 4 or sys.argv[1] not in commands:
         raise SystemExit(__doc__)
     commands[sys.argv[1]](sys.argv[2], sys.argv[3])
