@@ -14,6 +14,7 @@ that resumes the run exactly; in it, the episodes of the summed blocks hold thei
 keep the block's placements (so per-block means and totals are right, per-episode values inside those blocks are not).
 """
 
+import itertools
 import json
 import os
 import sys
@@ -115,9 +116,11 @@ def table(ckpt_path: str, at: str):
     scores, n = ckpt["scores"][:, :at].double().numpy(), ckpt["num_runs"]
     acts = ckpt["architecture"]["activation"].split("+")
     rows = [
-        "| activation | ours: mean ± sd (episodes) | sd over runs | best run | paper: mean ± sd | paper best |",
-        "|---|---|---|---|---|---|",
+        "| activation | ours: mean ± sd (episodes) | sd over runs | best run | paper: mean ± sd | paper best "
+        "| within the paper's mean ± sd |",
+        "|---|---|---|---|---|---|---|",
     ]
+    run_means = {}
     curves = {"episode": np.arange(1000, at + 1, 1000)}
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for k, act in enumerate(acts):
@@ -125,14 +128,26 @@ def table(ckpt_path: str, at: str):
         per_run = last.mean(1)
         mean, best = per_run.mean(), per_run.max()
         p = PAPER[act]
+        run_means[act] = per_run
+        inside = "yes" if abs(mean - p[0]) <= p[1] else "no"
         rows.append(
-            f"| {act} | {mean:.1f} ± {last.std():.1f} | {per_run.std():.1f} | {best:.1f} | {p[0]} ± {p[1]} | {p[2]} |"
+            f"| {act} | {mean:.1f} ± {last.std():.1f} | {per_run.std():.1f} | {best:.1f} | {p[0]} ± {p[1]} | {p[2]} "
+            f"| {inside} ({mean - p[0]:+.1f}) |"
         )
         curve = scores[k * n : (k + 1) * n].reshape(n, -1, 1000).mean(2).mean(0)
         curves[act] = curve
         (line,) = ax.plot(curves["episode"], curve, lw=2, label=f"{act} ({n} runs; final {mean:.0f}, paper {p[0]})")
         ax.axhline(p[0], color=line.get_color(), ls=":", lw=1)
     print("\n".join(rows))
+    # the ordering, and the z of each neighbouring gap: difference of the run means over its standard error (sd over
+    # runs, ddof 1, n runs each)
+    order = sorted(run_means, key=lambda a: -run_means[a].mean())
+    gaps = []
+    for a, b in itertools.pairwise(order):
+        x, y = run_means[a], run_means[b]
+        z = (x.mean() - y.mean()) / np.sqrt(x.var(ddof=1) / len(x) + y.var(ddof=1) / len(y))
+        gaps.append(f"{a} > {b} (z {z:.1f})")
+    print(f"ordering: {', '.join(gaps)}; the paper's: dsilu > sigmoid > silu > relu")
     here = os.path.dirname(os.path.abspath(__file__))
     names = list(curves)
     np.savetxt(os.path.join(here, "learning_curves.csv"), np.column_stack([curves[k] for k in names]), fmt="%.3f",
