@@ -7,6 +7,7 @@
 #   bash results/softmoe_100k_freeze/queue.sh            # every run not yet complete, in order
 #   ONLY='impala8_softmoe_s1$' bash results/softmoe_100k_freeze/queue.sh
 #   bash results/softmoe_100k_freeze/queue.sh --list
+#   EXTRA="--device cuda --cuda-graph" bash results/softmoe_100k_freeze/queue.sh   # flags added to every run
 #
 # Resumable within a sitting: a run with a checkpoint goes on from it (replay memory included). Working files stay in
 # work/ (git-ignored, ~0.7 GB per run; lost with a fresh checkout); a complete run's summary, episodes, curve, log and
@@ -47,7 +48,7 @@ for job in "${jobs[@]}"; do
   complete "$name" && continue
   # shellcheck disable=SC2206
   cmd=("$PY" "$ROOT/algos/rainbow_softmoe.py" --preset drq-eps --env-id ALE/Breakout-v5 $flags --exp-name "$name"
-       --save-model --checkpoint-replay --write-every-minutes 10 --log-every-seconds 60)
+       --save-model --checkpoint-replay --write-every-minutes 10 --log-every-seconds 60 ${EXTRA:-})
   checkpoint=$(latest "$name" rainbow_softmoe.pt)
   [ -n "$checkpoint" ] && cmd+=(--resume "$checkpoint")
   (cd "$WORK" && echo "+ ${cmd[*]}" >>"logs/$name.log" && "${cmd[@]}" >>"logs/$name.log" 2>&1)
