@@ -1,0 +1,99 @@
+"""The tables of this study's README from the complete runs' files: one row per run (score, routing, Phi's gradient),
+then one row per arm (its seeds side by side). Writes summary.csv beside this file.
+
+    python results/softmoe_100k_freeze/report.py            # this study's runs and, for context, the earlier ones
+Runs are read from <run>/summary.json (the evaluation and training scores) and <run>/scalars.csv (the snapshots'
+routing statistics, `analysis/*`, and `losses/phi_grad_rms`, logged once a minute while learning).
+"""
+
+import csv
+import glob
+import json
+import os
+import re
+import statistics
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EARLIER = os.path.join(HERE, "..", "atari100k_cpu")  # same agent and network, emulator-frame no-op starts
+
+
+def scalars(run_dir: str) -> dict[str, list[tuple[int, float]]]:
+    out: dict[str, list[tuple[int, float]]] = {}
+    path = os.path.join(run_dir, "scalars.csv")
+    if os.path.exists(path):
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                out.setdefault(row["tag"], []).append((int(row["step"]), float(row["value"])))
+    return out
+
+
+def median_between(values: list[tuple[int, float]], lo: int, hi: int) -> float | None:
+    inside = [v for step, v in values if lo <= step < hi]
+    return statistics.median(inside) if inside else None
+
+
+def network(args: dict) -> str:
+    name = f"{args['encoder']}" + (f" + {args['moe']} ({args['num_experts']} experts)" if args["moe"] != "none" else "")
+    if args.get("moe_normalize"):
+        name += ", --moe-normalize"
+    if args.get("phi_adam_eps") is not None:
+        name += f", --phi-adam-eps {args['phi_adam_eps']:g}"
+    return name
+
+
+def row(run_dir: str, earlier: bool) -> dict:
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    args, s = summary["args"], scalars(run_dir)
+    evaluation = summary["evaluations"][-1]
+    entropy, diversity = s.get("analysis/routing_dispatch_entropy", []), s.get("analysis/token_diversity_out", [])
+    grad = s.get("losses/phi_grad_rms", [])
+    first, last = (lambda v: v[0][1] if v else None), (lambda v: v[-1][1] if v else None)
+    end = args["total_timesteps"]
+    return dict(
+        run=os.path.basename(run_dir) + (" (earlier)" if earlier else ""),
+        arm=re.sub(r"_s\d+$", "", os.path.basename(run_dir)),
+        network=network(args), seed=args["seed"], complete=summary["complete"],
+        eval_mean=evaluation["mean_return"], eval_sd=evaluation["std_return"],
+        train_last_100=summary["mean_return_last_100"],
+        dispatch_entropy_first=first(entropy), dispatch_entropy_last=last(entropy),
+        diversity_first=first(diversity), diversity_last=last(diversity),
+        snapshots=f"{entropy[0][0] // 1000}k-{entropy[-1][0] // 1000}k" if entropy else "",
+        phi_grad_rms_first_10k=median_between(grad, 0, 10_000),
+        phi_grad_rms_last_10k=median_between(grad, end - 10_000, end + 1),
+    )  # fmt: skip
+
+
+def fmt(x, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def main():
+    runs = [(d, False) for d in sorted(glob.glob(os.path.join(HERE, "*_s[0-9]")))]
+    runs += [(d, True) for d in sorted(glob.glob(os.path.join(EARLIER, "drq-eps_Breakout_*_s[0-9]")))]
+    rows = [row(d, earlier) for d, earlier in runs if os.path.exists(os.path.join(d, "summary.json"))]
+    with open(os.path.join(HERE, "summary.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print("| run | network | evaluation (sd) | training, last 100 | dispatch entropy, first → last snapshot | "
+          "output-token diversity | snapshots | Φ grad RMS, median: first 10k → last 10k steps |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['run']} | {r['network']} | {r['eval_mean']:.1f} ({r['eval_sd']:.1f}) | "
+              f"{r['train_last_100']:.1f} | "
+              f"{fmt(r['dispatch_entropy_first'], '.6f')} → {fmt(r['dispatch_entropy_last'], '.6f')} | "
+              f"{fmt(r['diversity_first'], '.2g')} → {fmt(r['diversity_last'], '.2g')} | {r['snapshots']} | "
+              f"{fmt(r['phi_grad_rms_first_10k'], '.2g')} → {fmt(r['phi_grad_rms_last_10k'], '.2g')} |")  # fmt: skip
+    print("\n| arm | seeds | evaluation per seed | mean | training, last 100, per seed | mean |")
+    print("|---|---|---|---|---|---|")
+    for arm in dict.fromkeys((r["arm"], r["run"].endswith("(earlier)")) for r in rows):
+        group = [r for r in rows if (r["arm"], r["run"].endswith("(earlier)")) == arm]
+        evals, trains = [r["eval_mean"] for r in group], [r["train_last_100"] for r in group]
+        print(f"| {arm[0]}{' (earlier)' if arm[1] else ''} | {', '.join(str(r['seed']) for r in group)} | "
+              f"{', '.join(f'{v:.1f}' for v in evals)} | {statistics.mean(evals):.1f} | "
+              f"{', '.join(f'{v:.1f}' for v in trains)} | {statistics.mean(trains):.1f} |")  # fmt: skip
+    print(f"\nwrote {os.path.join(HERE, 'summary.csv')}")
+
+
+if __name__ == "__main__":
+    main()
