@@ -2,7 +2,9 @@
 # DrQ(eps) on Breakout at the paper's 100k budget, one torch thread per run:
 #   impala8_*: the paper's network (Impala encoder, Soft MoE with 8 experts, Fig. 12) against the Impala baseline;
 #   normalize_*, phieps_*: the Nature CNN with 4 experts (DER.gin's network) with --moe-normalize, or with Adam's eps
-#   for Phi alone at 1e-8 (--phi-adam-eps), the two candidate causes of the frozen routing.
+#   for Phi alone at 1e-8 (--phi-adam-eps), the two candidate causes of the frozen routing;
+#   nature4_softmoe_s1, nature_none_s1: that network unchanged, and its baseline, under this study's no-op starts
+#   (the earlier runs they are compared with had emulator-frame no-ops).
 #
 #   bash results/softmoe_100k_freeze/queue.sh            # every run not yet complete, in order
 #   ONLY='impala8_softmoe_s1$' bash results/softmoe_100k_freeze/queue.sh
@@ -30,6 +32,8 @@ jobs=(
   "impala8_none_s2|--encoder impala --moe none --seed 2"
   "normalize_softmoe_s2|--encoder nature --moe softmoe --num-experts 4 --moe-normalize --seed 2"
   "phieps_softmoe_s2|--encoder nature --moe softmoe --num-experts 4 --phi-adam-eps 1e-8 --seed 2"
+  "nature4_softmoe_s1|--encoder nature --moe softmoe --num-experts 4 --seed 1"
+  "nature_none_s1|--encoder nature --moe none --seed 1"
 )
 
 latest() { ls -t "$WORK"/runs/*__"$1"__*/"$2" 2>/dev/null | head -n 1 || true; }
