@@ -42,7 +42,8 @@ def network(args: dict) -> str:
 
 
 def row(run_dir: str, earlier: bool) -> dict:
-    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
     args, s = summary["args"], scalars(run_dir)
     evaluation = summary["evaluations"][-1]
     entropy, diversity = s.get("analysis/routing_dispatch_entropy", []), s.get("analysis/token_diversity_out", [])
@@ -51,7 +52,7 @@ def row(run_dir: str, earlier: bool) -> dict:
     end = args["total_timesteps"]
     return dict(
         run=os.path.basename(run_dir) + (" (earlier)" if earlier else ""),
-        arm=re.sub(r"_s\d+$", "", os.path.basename(run_dir)),
+        arm=re.sub(r"_s\d+$", "", os.path.basename(run_dir)), earlier=earlier,
         network=network(args), seed=args["seed"], complete=summary["complete"],
         eval_mean=evaluation["mean_return"], eval_sd=evaluation["std_return"],
         train_last_100=summary["mean_return_last_100"],
@@ -86,8 +87,8 @@ def main():
               f"{fmt(r['phi_grad_rms_first_10k'], '.2g')} → {fmt(r['phi_grad_rms_last_10k'], '.2g')} |")  # fmt: skip
     print("\n| arm | seeds | evaluation per seed | mean | training, last 100, per seed | mean |")
     print("|---|---|---|---|---|---|")
-    for arm in dict.fromkeys((r["arm"], r["run"].endswith("(earlier)")) for r in rows):
-        group = [r for r in rows if (r["arm"], r["run"].endswith("(earlier)")) == arm]
+    for arm in dict.fromkeys((r["arm"], r["earlier"]) for r in rows):
+        group = [r for r in rows if (r["arm"], r["earlier"]) == arm]
         evals, trains = [r["eval_mean"] for r in group], [r["train_last_100"] for r in group]
         print(f"| {arm[0]}{' (earlier)' if arm[1] else ''} | {', '.join(str(r['seed']) for r in group)} | "
               f"{', '.join(f'{v:.1f}' for v in evals)} | {statistics.mean(evals):.1f} | "
