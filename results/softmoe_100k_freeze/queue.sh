@@ -4,7 +4,8 @@
 #   normalize_*, phieps_*: the Nature CNN with 4 experts (DER.gin's network) with --moe-normalize, or with Adam's eps
 #   for Phi alone at 1e-8 (--phi-adam-eps), the two candidate causes of the frozen routing;
 #   nature4_softmoe_s1, nature_none_s1: that network unchanged, and its baseline, under this study's no-op starts
-#   (the earlier runs they are compared with had emulator-frame no-ops).
+#   (the earlier runs they are compared with had emulator-frame no-ops);
+#   normalize_softmoe_s3: a third seed, as its first two disagree (evaluation 15.0 and 38.1).
 #
 #   bash results/softmoe_100k_freeze/queue.sh            # every run not yet complete, in order
 #   ONLY='impala8_softmoe_s1$' bash results/softmoe_100k_freeze/queue.sh
@@ -34,6 +35,7 @@ jobs=(
   "phieps_softmoe_s2|--encoder nature --moe softmoe --num-experts 4 --phi-adam-eps 1e-8 --seed 2"
   "nature4_softmoe_s1|--encoder nature --moe softmoe --num-experts 4 --seed 1"
   "nature_none_s1|--encoder nature --moe none --seed 1"
+  "normalize_softmoe_s3|--encoder nature --moe softmoe --num-experts 4 --moe-normalize --seed 3"
 )
 
 latest() { ls -t "$WORK"/runs/*__"$1"__*/"$2" 2>/dev/null | head -n 1 || true; }
