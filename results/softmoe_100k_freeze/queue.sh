@@ -6,6 +6,8 @@
 #   nature4_softmoe_s1, nature_none_s1: that network unchanged, and its baseline, under this study's no-op starts
 #   (the earlier runs they are compared with had emulator-frame no-ops);
 #   normalize_softmoe_s3: a third seed, as its first two disagree (evaluation 15.0 and 38.1).
+# The Nature runs come first (~3 h each on one core); the Impala runs, ~9 h each on one core and ~8 minutes each on
+# a lent H200 (device.sh), come last, so that a lent GPU can take them.
 #
 #   bash results/softmoe_100k_freeze/queue.sh            # every run not yet complete, in order
 #   ONLY='impala8_softmoe_s1$' bash results/softmoe_100k_freeze/queue.sh
@@ -25,17 +27,17 @@ export OMP_NUM_THREADS=${THREADS:-1}
 export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4000000000  # keep freed activations in the heap
 
 jobs=(
-  "impala8_softmoe_s1|--encoder impala --moe softmoe --num-experts 8 --seed 1"
-  "impala8_none_s1|--encoder impala --moe none --seed 1"
   "normalize_softmoe_s1|--encoder nature --moe softmoe --num-experts 4 --moe-normalize --seed 1"
   "phieps_softmoe_s1|--encoder nature --moe softmoe --num-experts 4 --phi-adam-eps 1e-8 --seed 1"
-  "impala8_softmoe_s2|--encoder impala --moe softmoe --num-experts 8 --seed 2"
-  "impala8_none_s2|--encoder impala --moe none --seed 2"
   "normalize_softmoe_s2|--encoder nature --moe softmoe --num-experts 4 --moe-normalize --seed 2"
   "phieps_softmoe_s2|--encoder nature --moe softmoe --num-experts 4 --phi-adam-eps 1e-8 --seed 2"
   "nature4_softmoe_s1|--encoder nature --moe softmoe --num-experts 4 --seed 1"
   "nature_none_s1|--encoder nature --moe none --seed 1"
   "normalize_softmoe_s3|--encoder nature --moe softmoe --num-experts 4 --moe-normalize --seed 3"
+  "impala8_softmoe_s1|--encoder impala --moe softmoe --num-experts 8 --seed 1"
+  "impala8_none_s1|--encoder impala --moe none --seed 1"
+  "impala8_softmoe_s2|--encoder impala --moe softmoe --num-experts 8 --seed 2"
+  "impala8_none_s2|--encoder impala --moe none --seed 2"
 )
 
 latest() { ls -t "$WORK"/runs/*__"$1"__*/"$2" 2>/dev/null | head -n 1 || true; }
