@@ -6,7 +6,7 @@
 #   nature4_softmoe_s1, nature_none_s1: that network unchanged, and its baseline, under this study's no-op starts
 #   (the earlier runs they are compared with had emulator-frame no-ops);
 #   normalize_softmoe_s3: a third seed, as its first two disagree (evaluation 15.0 and 38.1).
-# The Nature runs come first (~3 h each on one core); the Impala runs, ~9 h each on one core and ~8 minutes each on
+# The Nature runs come first (~2.5-5 h each on one core); the Impala runs, ~9 h each on one core and ~8 minutes each on
 # a lent H200 (device.sh), come last, so that a lent GPU can take them.
 #
 #   bash results/softmoe_100k_freeze/queue.sh            # every run not yet complete, in order

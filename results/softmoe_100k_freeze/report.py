@@ -1,5 +1,6 @@
 """The tables of this study's README from the complete runs' files: one row per run (score, routing, Phi's gradient),
-then one row per arm (its seeds side by side). Writes summary.csv beside this file.
+then one row per arm (its seeds side by side), then each run's training return per 10k-step iteration. Writes
+summary.csv beside this file.
 
     python results/softmoe_100k_freeze/report.py            # this study's runs and, for context, the earlier ones
 Runs are read from <run>/summary.json (the evaluation and training scores) and <run>/scalars.csv (the snapshots'
@@ -93,6 +94,12 @@ def main():
         print(f"| {arm[0]}{' (earlier)' if arm[1] else ''} | {', '.join(str(r['seed']) for r in group)} | "
               f"{', '.join(f'{v:.1f}' for v in evals)} | {statistics.mean(evals):.1f} | "
               f"{', '.join(f'{v:.1f}' for v in trains)} | {statistics.mean(trains):.1f} |")  # fmt: skip
+    print("\nTraining return per iteration of 10k steps:")
+    for run_dir, earlier in runs:
+        if not earlier and os.path.exists(os.path.join(run_dir, "summary.json")):
+            with open(os.path.join(run_dir, "summary.json")) as f:
+                returns = [it["mean_return"] for it in json.load(f)["iteration_returns"]]
+            print(f"{os.path.basename(run_dir)}: {', '.join(f'{v:.1f}' for v in returns)}")
     print(f"\nwrote {os.path.join(HERE, 'summary.csv')}")
 
 
