@@ -62,6 +62,7 @@ def row(run_dir: str, earlier: bool) -> dict:
         snapshots=f"{entropy[0][0] // 1000}k-{entropy[-1][0] // 1000}k" if entropy else "",
         phi_grad_rms_first_10k=median_between(grad, 0, 10_000),
         phi_grad_rms_last_10k=median_between(grad, end - 10_000, end + 1),
+        iteration_returns=", ".join(f"{it['mean_return']:.1f}" for it in summary["iteration_returns"]),
     )  # fmt: skip
 
 
@@ -95,11 +96,9 @@ def main():
               f"{', '.join(f'{v:.1f}' for v in evals)} | {statistics.mean(evals):.1f} | "
               f"{', '.join(f'{v:.1f}' for v in trains)} | {statistics.mean(trains):.1f} |")  # fmt: skip
     print("\nTraining return per iteration of 10k steps:")
-    for run_dir, earlier in runs:
-        if not earlier and os.path.exists(os.path.join(run_dir, "summary.json")):
-            with open(os.path.join(run_dir, "summary.json")) as f:
-                returns = [it["mean_return"] for it in json.load(f)["iteration_returns"]]
-            print(f"{os.path.basename(run_dir)}: {', '.join(f'{v:.1f}' for v in returns)}")
+    for r in rows:
+        if not r["earlier"]:
+            print(f"{r['run']}: {r['iteration_returns']}")
     print(f"\nwrote {os.path.join(HERE, 'summary.csv')}")
 
 
