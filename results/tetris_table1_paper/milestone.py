@@ -129,7 +129,9 @@ def table(ckpt_path: str, at: str):
     ]
     run_means, episodes = {}, {}
     curves = {"episode": np.arange(1000, at + 1, 1000)}
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    # top: the mean of the runs, every activation; below: each activation's runs (Fig. 2's thin dashed lines)
+    fig, axes = plt.subplot_mosaic([["mean"] * len(acts), acts], figsize=(9, 7), height_ratios=[3, 2], sharey=True)
+    ax = axes["mean"]
     for k, act in enumerate(acts):
         last = scores[k * n : (k + 1) * n, at - 1000 :]  # (runs, 1000)
         per_run = last.mean(1)
@@ -143,10 +145,17 @@ def table(ckpt_path: str, at: str):
             f"| {per_run[best]:.1f} ± {last[best].std():.1f} | {p[0]} ± {p[1]} | {p[2]} ± {p[3]} "
             f"| {inside} ({mean - p[0]:+.1f}; z {z_paper:+.1f}) |"
         )
-        curve = scores[k * n : (k + 1) * n].reshape(n, -1, 1000).mean(2).mean(0)
-        curves[act] = curve
+        per_block = scores[k * n : (k + 1) * n].reshape(n, -1, 1000).mean(2)  # (runs, blocks)
+        curve = curves[act] = per_block.mean(0)
         (line,) = ax.plot(curves["episode"], curve, lw=2, label=f"{act} ({n} runs; final {mean:.0f}, paper {p[0]})")
-        ax.axhline(p[0], color=line.get_color(), ls=":", lw=1)
+        for r in range(n):
+            curves[f"{act}_run{r}"] = per_block[r]
+            axes[act].plot(curves["episode"], per_block[r], color=line.get_color(), ls="--", lw=0.6)
+        for a in (ax, axes[act]):
+            a.axhline(p[0], color=line.get_color(), ls=":", lw=1)
+        axes[act].set_title(f"{act}: {n} runs", fontsize=8)
+        axes[act].set_xlabel("episode", fontsize=8)
+        axes[act].tick_params(labelsize=7)
     print("\n".join(rows))
     # the ordering, and the z of each neighbouring gap: difference of the means over its standard error, with the run
     # means as the samples (n runs each; the honest test, as a run's episodes are not independent of each other), and
@@ -163,10 +172,11 @@ def table(ckpt_path: str, at: str):
         gaps.append(f"{a} > {b} (z {z[0]:.1f} over runs; {z[1]:.1f} over pooled episodes, p {p_pooled:.0e})")
     print(f"ordering: {', '.join(gaps)}; the paper's: dsilu > sigmoid > silu > relu")
     here = os.path.dirname(os.path.abspath(__file__))
-    names = list(curves)
+    names = ["episode", *acts] + [k for k in curves if "_run" in k]  # the means first, then every run
     np.savetxt(os.path.join(here, "learning_curves.csv"), np.column_stack([curves[k] for k in names]), fmt="%.3f",
                delimiter=",", header=",".join(names), comments="")  # fmt: skip
-    ax.set(xlabel="episode", ylabel="mean score per 1,000 episodes, mean of the runs")
+    ax.set(xlabel="episode", ylabel="mean score per 1,000 episodes")
+    axes[acts[0]].set_ylabel("per run", fontsize=8)
     ax.set_title(
         f"SZ-Tetris, shallow, {at:,} of 200,000 episodes per run (dotted: the paper's final score)", fontsize=9
     )
