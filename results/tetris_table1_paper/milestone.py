@@ -108,8 +108,9 @@ PAPER = {
 
 
 def table(ckpt_path: str, at: str):
-    """Table 1 at episode `at` of every run (its episodes at-1000 .. at-1), beside the paper's (mean ± sd, best run),
-    and Fig. 2 (mean score per 1,000 episodes of each activation, every run up to `at`) as CSV and PNG here."""
+    """Table 1 at episode `at` of every run (its episodes at-1000 .. at-1), beside the paper's (mean ± sd, best run ±
+    sd), the ordering with the z of each gap, and Fig. 2 (mean score per 1,000 episodes up to `at`: each activation's
+    mean of the runs, and each run) as CSV and PNG here."""
     import matplotlib
 
     matplotlib.use("Agg")
