@@ -62,13 +62,13 @@ def main(ckpt_path: str, steps: int = 500):
             over = after.game_over[slots, action]
             boards = torch.where(over[:, None], empty_board, after.boards[slots, action])
             states = torch.where(over[:, None], empty_state, cand[slots, action])
-    visited, p_greedy = torch.stack(visited, 1), torch.stack(p_greedy, 1)  # (G, steps, 21), (G, steps)
-    W = torch.cat([ckpt["params"]["W1"], ckpt["params"]["b1"][:, None]], 1)  # (R, F + 1, H): the bias as row F
+        z_all = learner.values(torch.stack(visited, 1))[1]  # (G, steps, H): each visited state's z, eq. 7
+    p_greedy = torch.stack(p_greedy, 1)  # (G, steps)
     scores, episodes = ckpt["scores"].double(), ckpt["episodes"].clamp(max=ckpt["scores"].shape[1])
     rows = []
     for r in range(R):
         games = slice(r * GAMES, (r + 1) * GAMES)
-        z = W[r][visited[games].reshape(-1, visited.shape[-1])].sum(1)  # (states, H), eq. 7
+        z = z_all[games].reshape(-1, z_all.shape[-1])  # (states, H)
         a, da = td.activation_and_derivative(acts[r // n], z)
         spread = a.std(0) * ckpt["params"]["w2"][r].abs()
         e = int(episodes[r])
