@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 import torch
+from scipy.stats import spearmanr
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "algos"))
@@ -26,15 +27,6 @@ import td_lambda_tetris as td  # noqa: E402
 from envs import tetris  # noqa: E402
 
 GAMES = 4
-
-
-def average_ranks(v: np.ndarray) -> np.ndarray:
-    """Ranks 0..n-1, tied values sharing their mean rank (Spearman's rho needs this: units in use are integers)."""
-    ranks = np.empty(len(v))
-    ranks[v.argsort(kind="stable")] = np.arange(len(v))
-    for value in np.unique(v):
-        ranks[v == value] = ranks[v == value].mean()
-    return ranks
 
 
 def main(ckpt_path: str, steps: int = 500):
@@ -97,8 +89,7 @@ def main(ckpt_path: str, steps: int = 500):
         print(f"| {a} | {r} | {s:.1f} | {u} | {sat:.3f} | {z:.2f} | {p:.3f} |")
     for act in acts:  # rank correlation of each statistic with the score, over the activation's runs
         x = np.array([row[2:] for row in rows if row[0] == act], dtype=float)
-        ranks = np.stack([average_ranks(col) for col in x.T], 1)
-        rho = [np.corrcoef(ranks[:, 0], ranks[:, j])[0, 1] for j in range(1, x.shape[1])]
+        rho = [spearmanr(x[:, 0], x[:, j]).statistic for j in range(1, x.shape[1])]  # ties share their mean rank
         print(f"{act}: Spearman rho with the score: units {rho[0]:+.2f}, saturated {rho[1]:+.2f}, "
               f"|z| {rho[2]:+.2f}, P(greedy) {rho[3]:+.2f}")  # fmt: skip
 
