@@ -1,9 +1,10 @@
 """Every tensorboard scalar of one or more run directories (a run's resumed segments) as one CSV: tag, step, value.
 
-    python benchmark/scalars.py runs/<run>[ runs/<resumed run> ...] --out scalars.csv
+    python benchmark/scalars.py runs/<run>[ runs/<resumed run> ...] --out scalars.csv [--base earlier.csv]
 
 The CSV is what results/ keep of a run's curves (event files are not committed). Where segments overlap, the later
-segment's value of a (tag, step) wins.
+segment's value of a (tag, step) wins. --base: a CSV of the run's earlier segments (written by this script on
+another machine), whose values the event files' override.
 """
 
 import argparse
@@ -28,12 +29,18 @@ def read_scalars(run_dirs: list[str]) -> dict[tuple[str, int], float]:
     return values
 
 
+def read_csv(path: str) -> dict[tuple[str, int], float]:
+    with open(path, newline="") as f:
+        return {(row["tag"], int(row["step"])): float(row["value"]) for row in csv.DictReader(f)}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="run directories (or event files' folders), oldest segment first")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--base", help="CSV of earlier segments, overridden where the event files have a value")
     cli = parser.parse_args()
-    values = read_scalars(cli.runs)
+    values = (read_csv(cli.base) if cli.base else {}) | read_scalars(cli.runs)
     if not values:
         raise SystemExit(f"error: no tensorboard scalars under {', '.join(cli.runs)}")
     with open(cli.out, "w", newline="") as f:

@@ -14,9 +14,11 @@
 #   bash results/softmoe_100k_freeze/queue.sh --list
 #   EXTRA="--device cuda --cuda-graph" bash results/softmoe_100k_freeze/queue.sh   # flags added to every run
 #
-# Resumable within a sitting: a run with a checkpoint goes on from it (replay memory included). Working files stay in
-# work/ (git-ignored, ~0.7 GB per run; lost with a fresh checkout); a complete run's summary, episodes, curve, log and
-# scalars (CSV) are copied to results/softmoe_100k_freeze/<run>/.
+# Resumable: a run with a checkpoint goes on from it (replay memory included). Working files stay in work/ (git-ignored,
+# ~0.7 GB per run; lost with a fresh checkout); milestone.sh packs a run in progress into resume/<run>/ (committed, the
+# frames left out), and on a machine without its checkpoint the queue unpacks that (the frames played again from the
+# emulator and checked) and resumes from it. A complete run's summary, episodes, curve, log, scalars (CSV) and
+# segments' summaries are copied to results/softmoe_100k_freeze/<run>/, and its resume/<run>/ is removed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -50,10 +52,16 @@ for job in "${jobs[@]}"; do
   if [ "${1:-}" = --list ]; then
     if complete "$name"; then echo "$name: complete"
     elif [ -n "$(latest "$name" rainbow_softmoe.pt)" ]; then echo "$name: checkpoint $(latest "$name" rainbow_softmoe.pt)"
+    elif [ -f "$OUT/resume/$name/state.pt" ]; then echo "$name: packed in resume/$name (unpacked when it runs)"
     else echo "$name: not started"; fi
     continue
   fi
   complete "$name" && continue
+  if [ -z "$(latest "$name" rainbow_softmoe.pt)" ] && [ -f "$OUT/resume/$name/state.pt" ]; then
+    "$PY" "$ROOT/benchmark/compact_checkpoint.py" unpack "$OUT/resume/$name" \
+      "$WORK/runs/Breakout__${name}__restored/rainbow_softmoe.pt"
+    cp "$OUT/resume/$name/train_log.txt" "$WORK/logs/$name.log"
+  fi
   # shellcheck disable=SC2206
   cmd=("$PY" "$ROOT/algos/rainbow_softmoe.py" --preset drq-eps --env-id ALE/Breakout-v5 $flags --exp-name "$name"
        --save-model --checkpoint-replay --write-every-minutes 10 --log-every-seconds 60 ${EXTRA:-})
@@ -70,7 +78,11 @@ for job in "${jobs[@]}"; do
     for run in "${segments[@]}"; do  # Fig. 10's statistics from the snapshots (runs of the script before them logged
       [ -d "$run/snapshots" ] && "$PY" "$ROOT/benchmark/moe_analysis.py" "$run"  # them while training)
     done
-    "$PY" "$ROOT/benchmark/scalars.py" "${segments[@]}" --out "$OUT/$name/scalars.csv"
+    base=(); [ -f "$OUT/resume/$name/scalars.csv" ] && base=(--base "$OUT/resume/$name/scalars.csv")
+    "$PY" "$ROOT/benchmark/scalars.py" "${segments[@]}" --out "$OUT/$name/scalars.csv" "${base[@]}"
+    [ -f "$OUT/resume/$name/segments.json" ] && cp "$OUT/resume/$name/segments.json" "$OUT/$name/"
+    "$PY" "$OUT/segments.py" "$OUT/$name/segments.json" "${segments[@]}"
+    rm -rf "$OUT/resume/$name"
   else
     echo "$name: stopped before the end; run the queue again to resume it"; exit 0
   fi

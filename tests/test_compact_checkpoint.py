@@ -1,0 +1,67 @@
+"""benchmark/compact_checkpoint.py: a checkpoint packed without its frames unpacks to the same checkpoint and replay
+memory, frames played again from the emulator included, and a run resumed from it goes on exactly as from the
+original."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import rainbow_softmoe as rb
+from benchmark import compact_checkpoint as cc
+
+SMALL = dict(env_id="ALE/Breakout-v5", encoder="nature", num_experts=2, expert_width=32, buffer_size=3000,
+             batch_size=8, log_every_seconds=1000.0, snapshot_every=0, eval_episodes=0, learning_starts=100,
+             save_model=True, checkpoint_replay=True)  # fmt: skip
+
+
+def run(preset, **kw):
+    return rb.main(rb.preset_args(preset, **SMALL, **kw))
+
+
+def replay_of(checkpoint: str) -> dict:
+    ckpt = torch.load(checkpoint, weights_only=True)
+    with np.load(os.path.join(os.path.dirname(checkpoint), ckpt["replay"])) as data:
+        return {k: data[k] for k in data.files}
+
+
+@pytest.mark.parametrize("preset", ["drq-eps", "full-rainbow"])
+def test_an_unpacked_checkpoint_is_the_original_and_resumes_the_same(tmp_path, monkeypatch, preset):
+    monkeypatch.chdir(tmp_path)
+    first = run(preset, total_timesteps=300)["checkpoint"]
+    second = run(preset, total_timesteps=600, resume=first)["checkpoint"]  # two segments: the emulator reset twice
+    cc.pack(second, "packed")
+    assert not any("frames" in name for name in np.load("packed/replay.npz").files)
+    cc.unpack("packed", "restored/rainbow_softmoe.pt")
+    original, restored = replay_of(second), replay_of("restored/rainbow_softmoe.pt")
+    assert sorted(original) == sorted(restored)
+    for name in original:
+        np.testing.assert_array_equal(original[name], restored[name], err_msg=name)
+    ckpt, back = torch.load(second, weights_only=True), torch.load("restored/rainbow_softmoe.pt", weights_only=True)
+    assert original["pointers"][1] > 600 and len(ckpt["episodes"]) >= 1  # no-op starts and reset steps are rows too
+    assert back["segment_starts"][0] == 0 and len(back["segment_starts"]) == 2
+    for key in ("q_net", "target_net"):
+        assert all(torch.equal(v, back[key][k]) for k, v in ckpt[key].items())
+    assert back["numpy_rng"] == ckpt["numpy_rng"] and torch.equal(back["torch_rng"], ckpt["torch_rng"])
+    assert back["episodes"] == ckpt["episodes"] and back["updates"] == ckpt["updates"]
+    a = run(preset, total_timesteps=700, resume=second)["checkpoint"]
+    b = run(preset, total_timesteps=700, resume="restored/rainbow_softmoe.pt")["checkpoint"]
+    a, b = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    assert all(torch.equal(v, b["q_net"][k]) for k, v in a["q_net"].items())
+    assert a["episodes"] == b["episodes"]
+
+
+def test_a_pack_that_the_emulator_does_not_play_again_is_a_one_line_error(tmp_path, monkeypatch):
+    """An action changed in the packed memory changes the frames after it: unpack stops at the first row whose reward
+    or flags differ, or at the frames' hash, and writes nothing."""
+    monkeypatch.chdir(tmp_path)
+    cc.pack(run("drq-eps", total_timesteps=200)["checkpoint"], "packed")
+    with np.load("packed/replay.npz") as data:
+        arrays = {k: data[k] for k in data.files}
+    row = int(np.flatnonzero(arrays["valid"][:, 0])[40])
+    arrays["actions"][row] = (arrays["actions"][row] + 1) % 4
+    np.savez_compressed("packed/replay.npz", **arrays)
+    with pytest.raises(SystemExit, match=r"^error: (replay row [\d,]+ \(\w+\) differs|the frames played again differ)"):
+        cc.unpack("packed", "restored/rainbow_softmoe.pt")
+    assert not os.path.exists("restored/rainbow_softmoe.pt")
