@@ -1,10 +1,11 @@
 """Every tensorboard scalar of one or more run directories (a run's resumed segments) as one CSV: tag, step, value.
 
-    python benchmark/scalars.py runs/<run>[ runs/<resumed run> ...] --out scalars.csv [--base earlier.csv]
+    python benchmark/scalars.py runs/<run>[ runs/<resumed run> ...] --out scalars.csv [--base earlier.csv] [--upto N]
 
 The CSV is what results/ keep of a run's curves (event files are not committed). Where segments overlap, the later
 segment's value of a (tag, step) wins. --base: a CSV of the run's earlier segments (written by this script on
-another machine), whose values the event files' override.
+another machine), which the event files override. --upto: only steps up to N (a checkpoint's step: what a run
+resumed from it will log again is left out).
 """
 
 import argparse
@@ -39,8 +40,10 @@ def main():
     parser.add_argument("runs", nargs="+", help="run directories (or event files' folders), oldest segment first")
     parser.add_argument("--out", required=True)
     parser.add_argument("--base", help="CSV of earlier segments, overridden where the event files have a value")
+    parser.add_argument("--upto", type=int, help="keep the values of steps <= UPTO only")
     cli = parser.parse_args()
     values = (read_csv(cli.base) if cli.base else {}) | read_scalars(cli.runs)
+    values = {key: v for key, v in values.items() if cli.upto is None or key[1] <= cli.upto}
     if not values:
         raise SystemExit(f"error: no tensorboard scalars under {', '.join(cli.runs)}")
     with open(cli.out, "w", newline="") as f:

@@ -47,6 +47,12 @@ def test_an_unpacked_checkpoint_is_the_original_and_resumes_the_same(tmp_path, m
     assert back["episodes"] == ckpt["episodes"] and back["updates"] == ckpt["updates"]
     a = run(preset, total_timesteps=700, resume=second)["checkpoint"]
     b = run(preset, total_timesteps=700, resume="restored/rainbow_softmoe.pt")["checkpoint"]
+    cc.pack(b, "packed_again")  # the chain now runs through the unpacked checkpoint
+    cc.unpack("packed_again", "restored_again/rainbow_softmoe.pt")
+    again = torch.load("restored_again/rainbow_softmoe.pt", weights_only=True)
+    assert again["segment_starts"] == [*back["segment_starts"], back["replay_rows"]]
+    original, restored = replay_of(a), replay_of("restored_again/rainbow_softmoe.pt")
+    assert all(np.array_equal(original[name], restored[name]) for name in original)
     a, b = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
     assert all(torch.equal(v, b["q_net"][k]) for k, v in a["q_net"].items())
     assert a["episodes"] == b["episodes"]
@@ -54,7 +60,7 @@ def test_an_unpacked_checkpoint_is_the_original_and_resumes_the_same(tmp_path, m
 
 def test_a_pack_that_the_emulator_does_not_play_again_is_a_one_line_error(tmp_path, monkeypatch):
     """An action changed in the packed memory changes the frames after it: unpack stops at the first row whose reward
-    or flags differ, or at the frames' hash, and writes nothing."""
+    or flags differ, or at the frames' hash, and writes nothing; so does a replay.npz of another pack."""
     monkeypatch.chdir(tmp_path)
     cc.pack(run("drq-eps", total_timesteps=200)["checkpoint"], "packed")
     with np.load("packed/replay.npz") as data:
@@ -64,4 +70,8 @@ def test_a_pack_that_the_emulator_does_not_play_again_is_a_one_line_error(tmp_pa
     np.savez_compressed("packed/replay.npz", **arrays)
     with pytest.raises(SystemExit, match=r"^error: (replay row [\d,]+ \(\w+\) differs|the frames played again differ)"):
         cc.unpack("packed", "restored/rainbow_softmoe.pt")
-    assert not os.path.exists("restored/rainbow_softmoe.pt")
+    arrays["packed_step"] = arrays["packed_step"] - 10
+    np.savez_compressed("packed/replay.npz", **arrays)
+    with pytest.raises(SystemExit, match="its state.pt and replay.npz come from different packs; pack again$"):
+        cc.unpack("packed", "restored/rainbow_softmoe.pt")
+    assert not os.path.exists("restored")

@@ -11,7 +11,7 @@ from torch.utils.tensorboard import SummaryWriter
 SCALARS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark", "scalars.py")
 
 
-def test_event_files_override_the_base_csv_and_later_segments_override_earlier_ones(tmp_path):
+def test_event_files_override_the_base_csv_later_segments_earlier_ones_and_upto_cuts_later_steps(tmp_path):
     for segment, values in (("a", {1: 1.0, 2: 2.0}), ("b", {2: 20.0, 3: 30.0})):
         with SummaryWriter(str(tmp_path / segment)) as writer:
             for step, value in values.items():
@@ -23,3 +23,9 @@ def test_event_files_override_the_base_csv_and_later_segments_override_earlier_o
     rows = {(r["tag"], int(r["step"])): float(r["value"]) for r in csv.DictReader(open(out))}
     assert rows == {("charts/x", 0): -1.0, ("charts/x", 1): 1.0, ("charts/x", 2): 20.0, ("charts/x", 3): 30.0,
                     ("analysis/y", 5): 0.5}  # fmt: skip
+    segments = [str(tmp_path / "a"), str(tmp_path / "b")]
+    subprocess.run(
+        [sys.executable, SCALARS, *segments, "--out", str(out), "--upto", "2"], check=True, capture_output=True
+    )
+    rows = {(r["tag"], int(r["step"])): float(r["value"]) for r in csv.DictReader(open(out))}
+    assert rows == {("charts/x", 1): 1.0, ("charts/x", 2): 20.0}  # what a run resumed at step 2 logs again is left out

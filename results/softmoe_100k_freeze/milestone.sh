@@ -2,7 +2,8 @@
 # What a run in progress needs to go on from another machine, small enough to commit, in resume/<run>/:
 #   state.pt + replay.npz   its latest checkpoint without the frames (benchmark/compact_checkpoint.py: queue.sh
 #                           plays them again from the emulator and checks them before it resumes);
-#   scalars.csv             the tensorboard scalars of its segments so far, routing statistics of the snapshots included;
+#   scalars.csv             the tensorboard scalars of its segments up to the checkpoint's step, routing statistics of
+#                           the snapshots included;
 #   segments.json           each segment's summary (steps, wall time);
 #   train_log.txt           its log.
 # Run it now and then while the queue runs (a checkpoint is written every 10 minutes) and commit resume/.
@@ -16,6 +17,7 @@ PY=${PYTHON:-$ROOT/.venv/bin/python}
 OUT=$ROOT/results/softmoe_100k_freeze
 WORK=$OUT/work
 export OMP_NUM_THREADS=1
+shopt -s nullglob
 
 for log in "$WORK"/logs/*.log; do
   name=$(basename "$log" .log)
@@ -25,7 +27,8 @@ for log in "$WORK"/logs/*.log; do
   [ -n "$checkpoint" ] || continue
   dest=$OUT/resume/$name
   mkdir -p "$dest"
-  "$PY" "$ROOT/benchmark/compact_checkpoint.py" pack "$checkpoint" "$dest"
+  "$PY" "$ROOT/benchmark/compact_checkpoint.py" pack "$checkpoint" "$dest" || continue
+  step=$("$PY" -c 'import sys, torch; print(torch.load(sys.argv[1], weights_only=True)["global_step"])' "$dest/state.pt")
   segments=("$WORK"/runs/*__"$name"__*)
   for run in "${segments[@]}"; do
     if [ -d "$run/snapshots" ] && [ "$run/snapshots" -nt "$run/analysis.csv" ]; then
@@ -33,7 +36,7 @@ for log in "$WORK"/logs/*.log; do
     fi
   done
   base=(); [ -f "$dest/scalars.csv" ] && base=(--base "$dest/scalars.csv")
-  "$PY" "$ROOT/benchmark/scalars.py" "${segments[@]}" --out "$dest/scalars.csv.tmp" "${base[@]}"
+  "$PY" "$ROOT/benchmark/scalars.py" "${segments[@]}" --out "$dest/scalars.csv.tmp" --upto "$step" "${base[@]}"
   mv "$dest/scalars.csv.tmp" "$dest/scalars.csv"
   "$PY" "$OUT/segments.py" "$dest/segments.json" "${segments[@]}"
   cp "$log" "$dest/train_log.txt"

@@ -43,6 +43,7 @@ jobs=(
 )
 
 latest() { ls -t "$WORK"/runs/*__"$1"__*/"$2" 2>/dev/null | head -n 1 || true; }
+step_of() { "$PY" -c 'import sys, torch; print(torch.load(sys.argv[1], weights_only=True)["global_step"])' "$1"; }
 complete() { grep -qs '"complete": true' "$OUT/$1/summary.json"; }
 
 mkdir -p "$WORK/logs"
@@ -57,9 +58,11 @@ for job in "${jobs[@]}"; do
     continue
   fi
   complete "$name" && continue
-  if [ -z "$(latest "$name" rainbow_softmoe.pt)" ] && [ -f "$OUT/resume/$name/state.pt" ]; then
+  have=$(latest "$name" rainbow_softmoe.pt)
+  if [ -f "$OUT/resume/$name/state.pt" ] && { [ -z "$have" ] ||
+      [ "$(step_of "$OUT/resume/$name/state.pt")" -gt "$(step_of "$have")" ]; }; then  # the pack is further along
     "$PY" "$ROOT/benchmark/compact_checkpoint.py" unpack "$OUT/resume/$name" \
-      "$WORK/runs/Breakout__${name}__restored/rainbow_softmoe.pt"
+      "$WORK/runs/Breakout__${name}__restored_$(date +%s)/rainbow_softmoe.pt"
     cp "$OUT/resume/$name/train_log.txt" "$WORK/logs/$name.log"
   fi
   # shellcheck disable=SC2206
@@ -72,7 +75,7 @@ for job in "${jobs[@]}"; do
   if grep -q '"complete": true' "$summary"; then
     mkdir -p "$OUT/$name"
     segments=("$WORK"/runs/*__"$name"__*)
-    cp "$(dirname "$summary")"/{summary.json,episodes.csv} "$OUT/$name/"
+    cp "$(dirname "$summary")/episodes.csv" "$OUT/$name/"
     cp "$WORK/logs/$name.log" "$OUT/$name/train_log.txt"
     "$PY" "$ROOT/benchmark/learning_curve.py" "$(dirname "$summary")" && cp "$(dirname "$summary")/learning_curve.png" "$OUT/$name/"
     for run in "${segments[@]}"; do  # Fig. 10's statistics from the snapshots (runs of the script before them logged
@@ -82,6 +85,7 @@ for job in "${jobs[@]}"; do
     "$PY" "$ROOT/benchmark/scalars.py" "${segments[@]}" --out "$OUT/$name/scalars.csv" "${base[@]}"
     [ -f "$OUT/resume/$name/segments.json" ] && cp "$OUT/resume/$name/segments.json" "$OUT/$name/"
     "$PY" "$OUT/segments.py" "$OUT/$name/segments.json" "${segments[@]}"
+    cp "$summary" "$OUT/$name/"  # last: the run counts as complete once everything else is here
     rm -rf "$OUT/resume/$name"
   else
     echo "$name: stopped before the end; run the queue again to resume it"; exit 0
