@@ -6,6 +6,7 @@
 #   nature4_softmoe_s1, nature_none_s1: that network unchanged, and its baseline, under this study's no-op starts
 #   (the earlier runs they are compared with had emulator-frame no-ops);
 #   normalize_softmoe_s3: a third seed, as its first two disagree (evaluation 15.0 and 38.1).
+#   nature4_softmoe_s2, nature_none_s2: a second seed of the two controls, after the Impala runs.
 # The Nature runs come first (~2.5-5 h each on one core); the Impala runs, ~9 h each on one core and ~8 minutes each on
 # a lent H200 (device.sh), come last, so that a lent GPU can take them.
 #
@@ -40,6 +41,8 @@ jobs=(
   "impala8_none_s1|--encoder impala --moe none --seed 1"
   "impala8_softmoe_s2|--encoder impala --moe softmoe --num-experts 8 --seed 2"
   "impala8_none_s2|--encoder impala --moe none --seed 2"
+  "nature4_softmoe_s2|--encoder nature --moe softmoe --num-experts 4 --seed 2"
+  "nature_none_s2|--encoder nature --moe none --seed 2"
 )
 
 latest() { ls -t "$WORK"/runs/*__"$1"__*/"$2" 2>/dev/null | head -n 1 || true; }
