@@ -17,9 +17,10 @@ row's reward and flags against the packed ones and the frames against the hash, 
 replay file as the script does, so that --resume goes on exactly as from the original.
 
 For `rainbow_softmoe.py` runs of one env whose replay memory has not wrapped (Atari 100k: 1M rows hold every step).
-The first pack of a run reads the checkpoints and replay files of its earlier segments on this machine (for the rows
-where they began); later packs read them from an unpacked checkpoint. The networks and Adam's moments stay whole:
-4.7 MB for Impala + Soft MoE with 8 experts, 25 MB for the Impala baseline (2.1M parameters), each time it is committed.
+Packing follows the --resume chain back to the run's start, or to an unpacked checkpoint (which keeps the rows where
+its segments began), so the checkpoints and replay files on the way must still exist. The networks and Adam's moments
+stay whole: 4.7 MB for Impala + Soft MoE with 8 experts, 25 MB for the Impala baseline (2.1M parameters), added to
+git history by each pack committed.
 """
 
 import argparse

@@ -7,8 +7,8 @@
 #   (the earlier runs they are compared with had emulator-frame no-ops);
 #   normalize_softmoe_s3: a third seed, as its first two disagree (evaluation 15.0 and 38.1).
 #   nature4_softmoe_s2, nature_none_s2: a second seed of the two controls, after the Impala runs.
-# The Nature runs come first (~2.5-5 h each on one core); the Impala runs, ~9 h each on one core and ~8 minutes each on
-# a lent H200 (device.sh), come last, so that a lent GPU can take them.
+# Order: the Nature runs (~2.5-5 h each on one core), the Impala runs (~3.5-4 h each on one core, about 7 minutes on a
+# lent H200: device.sh), then the controls' second seed.
 #
 #   bash results/softmoe_100k_freeze/queue.sh            # every run not yet complete, in order
 #   ONLY='impala8_softmoe_s1$' bash results/softmoe_100k_freeze/queue.sh
