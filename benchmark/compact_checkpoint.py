@@ -107,7 +107,7 @@ def pack(checkpoint: str, out: str):
     if state["target_is_online"]:
         del state["target_net"]
     state |= {"segment_starts": segment_starts(ckpt, checkpoint), "replay_rows": count,
-              "frames_sha256": hashlib.sha256(replay["frames"].tobytes()).hexdigest()}  # fmt: skip
+              "frames_sha256": hashlib.sha256(replay["frames"]).hexdigest()}  # fmt: skip
     os.makedirs(out, exist_ok=True)
     torch.save(state, os.path.join(out, f"{STATE}.tmp"))
     with open(os.path.join(out, f"{REPLAY}.tmp"), "wb") as f:
@@ -125,8 +125,8 @@ class NoopLengths:
     from the row it begins at (capped at the largest draw; where the episode ended within it, any larger length
     plays the same steps)."""
 
-    def __init__(self, valid: np.ndarray, end: int):
-        self.valid, self.end, self.row = valid, end, 0
+    def __init__(self, valid: np.ndarray, start: int, end: int):
+        self.valid, self.row, self.end = valid, start, end
 
     def integers(self, low, high, size):
         learnable = np.flatnonzero(self.valid[self.row : self.end])
@@ -142,8 +142,7 @@ def replay_frames(args, arrays: dict, starts: list[int], count: int) -> np.ndarr
         resumed_after = end < count  # a segment resumed from: its last row is unlearnable and has no successor
         envs = script.make_env(args, script.game_from_env_id(args.env_id), 1)
         obs, info = envs.reset(seed=args.seed)
-        lengths = NoopLengths(arrays["valid"][:, 0], end - resumed_after)  # --resume, not a no-op, made it so
-        lengths.row = start
+        lengths = NoopLengths(arrays["valid"][:, 0], start, end - resumed_after)  # --resume, not a no-op, made it so
         tracker = script.EpisodeTracker(1, life_loss, args.truncation_is_terminal, info, noop_steps, lengths)
         for row in range(start, end):
             frames[row] = obs[:, -1]
@@ -185,7 +184,7 @@ def unpack(packed: str, checkpoint: str):
     args = script.Args(**{k: v for k, v in state["args"].items() if k in fields})
     count = int(state["replay_rows"])
     frames = replay_frames(args, arrays, state["segment_starts"], count)
-    if hashlib.sha256(frames.tobytes()).hexdigest() != state["frames_sha256"]:
+    if hashlib.sha256(frames).hexdigest() != state["frames_sha256"]:
         raise SystemExit("error: the frames played again differ from the packed run's (another ale-py or ROM?)")
     if state.pop("target_is_online"):
         state["target_net"] = state["q_net"]
