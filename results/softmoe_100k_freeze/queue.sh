@@ -13,13 +13,17 @@
 #   bash results/softmoe_100k_freeze/queue.sh            # every run not yet complete, in order
 #   ONLY='impala8_softmoe_s1$' bash results/softmoe_100k_freeze/queue.sh
 #   bash results/softmoe_100k_freeze/queue.sh --list
+#   bash results/softmoe_100k_freeze/queue.sh --milestone   # pack every run in progress into resume/<run>/, to commit
 #   EXTRA="--device cuda --cuda-graph" bash results/softmoe_100k_freeze/queue.sh   # flags added to every run
 #
 # Resumable: a run with a checkpoint goes on from it (replay memory included). Working files stay in work/ (git-ignored,
-# ~0.7 GB per run; lost with a fresh checkout); milestone.sh packs a run in progress into resume/<run>/ (committed, the
-# frames left out), and on a machine without its checkpoint the queue unpacks that (the frames played again from the
-# emulator and checked) and resumes from it. A complete run's summary, episodes, curve, log, scalars (CSV) and
-# segments' summaries are copied to results/softmoe_100k_freeze/<run>/, and its resume/<run>/ is removed.
+# ~0.7 GB per run; lost with a fresh checkout). --milestone packs each run in progress into resume/<run>/, small
+# enough to commit: its latest checkpoint without the frames (state.pt, replay.npz: benchmark/compact_checkpoint.py),
+# its scalars up to that step (routing statistics of the snapshots included), its segments' summaries (steps, wall
+# time) and its log. On a machine without the run's checkpoint, or with an older one, the queue unpacks the pack (the
+# frames played again from the emulator and checked) and resumes from it. A complete run's summary, episodes, curve,
+# log, scalars (CSV) and segments' summaries are copied to results/softmoe_100k_freeze/<run>/, and its resume/<run>/
+# is removed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -48,6 +52,22 @@ jobs=(
 latest() { ls -t "$WORK"/runs/*__"$1"__*/"$2" 2>/dev/null | head -n 1 || true; }
 step_of() { "$PY" -c 'import sys, torch; print(torch.load(sys.argv[1], weights_only=True)["global_step"])' "$1"; }
 complete() { grep -qs '"complete": true' "$OUT/$1/summary.json"; }
+collect() {  # scalars and segments' summaries of run $1, with those of earlier machines, into $2 (scalars.py flags: $3...)
+  local name=$1 dest=$2 run base=(); shift 2
+  local segments=("$WORK"/runs/*__"$name"__*)
+  for run in "${segments[@]}"; do  # Fig. 10's statistics from the snapshots
+    if [ -d "$run/snapshots" ] && [ "$run/snapshots" -nt "$run/analysis.csv" ]; then
+      "$PY" "$ROOT/benchmark/moe_analysis.py" "$run" >/dev/null
+    fi
+  done
+  [ -f "$OUT/resume/$name/scalars.csv" ] && base=(--base "$OUT/resume/$name/scalars.csv")
+  "$PY" "$ROOT/benchmark/scalars.py" "${segments[@]}" --out "$dest/scalars.csv.tmp" "$@" "${base[@]}"
+  mv "$dest/scalars.csv.tmp" "$dest/scalars.csv"
+  if [ -f "$OUT/resume/$name/segments.json" ] && [ "$dest" != "$OUT/resume/$name" ]; then
+    cp "$OUT/resume/$name/segments.json" "$dest/"
+  fi
+  "$PY" "$OUT/segments.py" "$dest/segments.json" "${segments[@]}"
+}
 
 mkdir -p "$WORK/logs"
 for job in "${jobs[@]}"; do
@@ -61,6 +81,15 @@ for job in "${jobs[@]}"; do
     continue
   fi
   complete "$name" && continue
+  if [ "${1:-}" = --milestone ]; then
+    checkpoint=$(latest "$name" rainbow_softmoe.pt)
+    [ -n "$checkpoint" ] || continue
+    mkdir -p "$OUT/resume/$name"
+    "$PY" "$ROOT/benchmark/compact_checkpoint.py" pack "$checkpoint" "$OUT/resume/$name" || continue
+    collect "$name" "$OUT/resume/$name" --upto "$(step_of "$OUT/resume/$name/state.pt")"
+    cp "$WORK/logs/$name.log" "$OUT/resume/$name/train_log.txt"
+    continue
+  fi
   have=$(latest "$name" rainbow_softmoe.pt)
   if [ -f "$OUT/resume/$name/state.pt" ] && { [ -z "$have" ] ||
       [ "$(step_of "$OUT/resume/$name/state.pt")" -gt "$(step_of "$have")" ]; }; then  # the pack is further along
@@ -77,17 +106,10 @@ for job in "${jobs[@]}"; do
   summary=$(latest "$name" summary.json)
   if grep -q '"complete": true' "$summary"; then
     mkdir -p "$OUT/$name"
-    segments=("$WORK"/runs/*__"$name"__*)
     cp "$(dirname "$summary")/episodes.csv" "$OUT/$name/"
     cp "$WORK/logs/$name.log" "$OUT/$name/train_log.txt"
     "$PY" "$ROOT/benchmark/learning_curve.py" "$(dirname "$summary")" && cp "$(dirname "$summary")/learning_curve.png" "$OUT/$name/"
-    for run in "${segments[@]}"; do  # Fig. 10's statistics from the snapshots (runs of the script before them logged
-      [ -d "$run/snapshots" ] && "$PY" "$ROOT/benchmark/moe_analysis.py" "$run"  # them while training)
-    done
-    base=(); [ -f "$OUT/resume/$name/scalars.csv" ] && base=(--base "$OUT/resume/$name/scalars.csv")
-    "$PY" "$ROOT/benchmark/scalars.py" "${segments[@]}" --out "$OUT/$name/scalars.csv" "${base[@]}"
-    [ -f "$OUT/resume/$name/segments.json" ] && cp "$OUT/resume/$name/segments.json" "$OUT/$name/"
-    "$PY" "$OUT/segments.py" "$OUT/$name/segments.json" "${segments[@]}"
+    collect "$name" "$OUT/$name"
     cp "$summary" "$OUT/$name/"  # last: the run counts as complete once everything else is here
     rm -rf "$OUT/resume/$name"
   else
