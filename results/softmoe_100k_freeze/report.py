@@ -1,6 +1,7 @@
 """The tables of this study's README from the complete runs' files: one row per run (score, routing, Phi's gradient),
 then one row per arm (its seeds side by side), then each run's training return per 10k-step iteration. Writes
-summary.csv beside this file.
+summary.csv and study.png (training return, output-token diversity and Phi's gradient RMS over training) beside this
+file.
 
     python results/softmoe_100k_freeze/report.py            # this study's runs and, for context, the earlier ones
 Runs are read from <run>/summary.json (the evaluation and training scores) and <run>/scalars.csv (the snapshots'
@@ -66,6 +67,50 @@ def row(run_dir: str, earlier: bool) -> dict:
     )  # fmt: skip
 
 
+def plot(runs: list[tuple[str, bool]], path: str):
+    """Three panels over training, one line per run of this study (colour: arm, style: seed): the training return per
+    10k-step iteration, the snapshots' output-token diversity and the median of Phi's gradient RMS per iteration
+    against Adam's eps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    arms = sorted({re.sub(r"_s\d+$", "", os.path.basename(d)) for d, earlier in runs if not earlier})
+    colours = dict(zip(arms, plt.get_cmap("tab10").colors, strict=False))
+    for run_dir, earlier in runs:
+        if earlier:
+            continue
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        name = os.path.basename(run_dir)
+        style = dict(color=colours[re.sub(r"_s\d+$", "", name)], ls=["-", "--", ":"][(summary["args"]["seed"] - 1) % 3])
+        size = summary["args"]["iteration_steps"]
+        iterations = summary["iteration_returns"]
+        axes[0].plot([(i + 1) * size for i in range(len(iterations))], [it["mean_return"] for it in iterations],
+                     label=name, marker=".", **style)  # fmt: skip
+        s = scalars(run_dir)
+        if diversity := s.get("analysis/token_diversity_out"):
+            axes[1].plot(*zip(*diversity, strict=True), marker=".", **style)
+        if grad := s.get("losses/phi_grad_rms"):
+            ends = range(size, summary["args"]["total_timesteps"] + 1, size)
+            medians = [(end, median_between(grad, end - size, end)) for end in ends]
+            axes[2].plot(*zip(*[(x, m) for x, m in medians if m is not None], strict=True), marker=".", **style)
+    axes[2].axhline(1.5e-4, color="k", lw=0.8)
+    axes[2].annotate("Adam's ε (1.5e-4)", (0, 1.7e-4), fontsize=8)
+    titles = ("training return per 10k-step iteration", "output-token diversity (snapshots)",
+              "Φ gradient RMS, median per 10k steps")  # fmt: skip
+    for ax, title in zip(axes, titles, strict=True):
+        ax.set(title=title, xlabel="agent steps")
+    axes[1].set_yscale("log")
+    axes[2].set_yscale("log")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("DrQ(ε), Breakout, 100k agent steps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
 def fmt(x, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
@@ -73,7 +118,8 @@ def fmt(x, spec: str) -> str:
 def main():
     runs = [(d, False) for d in sorted(glob.glob(os.path.join(HERE, "*_s[0-9]")))]
     runs += [(d, True) for d in sorted(glob.glob(os.path.join(EARLIER, "drq-eps_Breakout_*_s[0-9]")))]
-    rows = [row(d, earlier) for d, earlier in runs if os.path.exists(os.path.join(d, "summary.json"))]
+    runs = [(d, earlier) for d, earlier in runs if os.path.exists(os.path.join(d, "summary.json"))]
+    rows = [row(d, earlier) for d, earlier in runs]
     with open(os.path.join(HERE, "summary.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -99,7 +145,8 @@ def main():
     for r in rows:
         if not r["earlier"]:
             print(f"{r['run']}: {r['iteration_returns']}")
-    print(f"\nwrote {os.path.join(HERE, 'summary.csv')}")
+    plot(runs, os.path.join(HERE, "study.png"))
+    print(f"\nwrote {os.path.join(HERE, 'summary.csv')} and {os.path.join(HERE, 'study.png')}")
 
 
 if __name__ == "__main__":
