@@ -77,15 +77,17 @@ def plot(runs: list[tuple[str, bool]], path: str):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
-    arms = sorted({re.sub(r"_s\d+$", "", os.path.basename(d)) for d, earlier in runs if not earlier})
-    colours = dict(zip(arms, plt.get_cmap("tab10").colors, strict=False))
+    colours = dict(impala8_softmoe="tab:red", impala8_none="black", nature4_softmoe="tab:blue", nature_none="tab:gray",
+                   normalize_softmoe="tab:green", phieps_softmoe="tab:purple")  # fmt: skip
     for run_dir, earlier in runs:
         if earlier:
             continue
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
         name = os.path.basename(run_dir)
-        style = dict(color=colours[re.sub(r"_s\d+$", "", name)], ls=["-", "--", ":"][(summary["args"]["seed"] - 1) % 3])
+        style = dict(
+            color=colours.get(re.sub(r"_s\d+$", "", name)), ls=["-", "--", ":"][(summary["args"]["seed"] - 1) % 3]
+        )
         size = summary["args"]["iteration_steps"]
         iterations = summary["iteration_returns"]
         axes[0].plot([(i + 1) * size for i in range(len(iterations))], [it["mean_return"] for it in iterations],
