@@ -76,7 +76,7 @@ def plot(runs: list[tuple[str, bool]], path: str):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.4))
     colours = dict(impala8_softmoe="tab:red", impala8_none="black", nature4_softmoe="tab:blue", nature_none="tab:gray",
                    normalize_softmoe="tab:green", phieps_softmoe="tab:purple")  # fmt: skip
     for run_dir, earlier in runs:
@@ -100,16 +100,16 @@ def plot(runs: list[tuple[str, bool]], path: str):
             medians = [(end, median_between(grad, end - size, end)) for end in ends]
             axes[2].plot(*zip(*[(x, m) for x, m in medians if m is not None], strict=True), marker=".", **style)
     axes[2].axhline(1.5e-4, color="k", lw=0.8)
-    axes[2].annotate("Adam's ε (1.5e-4)", (0, 1.7e-4), fontsize=8)
+    axes[2].annotate("Adam's ε (1.5e-4)", (0.02, 1.7e-4), xycoords=("axes fraction", "data"), fontsize=9)
     titles = ("training return per 10k-step iteration", "output-token diversity (snapshots)",
               "Φ gradient RMS, median per 10k steps")  # fmt: skip
     for ax, title in zip(axes, titles, strict=True):
         ax.set(title=title, xlabel="agent steps")
     axes[1].set_yscale("log")
     axes[2].set_yscale("log")
-    axes[0].legend(fontsize=7)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=6, fontsize=9)
     fig.suptitle("DrQ(ε), Breakout, 100k agent steps")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(path, dpi=90)
 
 
