@@ -52,7 +52,7 @@ jobs=(
 latest() { ls -t "$WORK"/runs/*__"$1"__*/"$2" 2>/dev/null | head -n 1 || true; }
 step_of() { "$PY" -c 'import sys, torch; print(torch.load(sys.argv[1], weights_only=True)["global_step"])' "$1"; }
 complete() { grep -qs '"complete": true' "$OUT/$1/summary.json"; }
-collect() {  # scalars and segments' summaries of run $1, with those of earlier machines, into $2 (scalars.py flags: $3...)
+collect() {  # scalars and segments' summaries of run $1 into $2, over those of earlier machines (scalars.py flags: $3...)
   local name=$1 dest=$2 run base=(); shift 2
   local segments=("$WORK"/runs/*__"$name"__*)
   for run in "${segments[@]}"; do  # Fig. 10's statistics from the snapshots
@@ -63,9 +63,6 @@ collect() {  # scalars and segments' summaries of run $1, with those of earlier 
   [ -f "$OUT/resume/$name/scalars.csv" ] && base=(--base "$OUT/resume/$name/scalars.csv")
   "$PY" "$ROOT/benchmark/scalars.py" "${segments[@]}" --out "$dest/scalars.csv.tmp" "$@" "${base[@]}"
   mv "$dest/scalars.csv.tmp" "$dest/scalars.csv"
-  if [ -f "$OUT/resume/$name/segments.json" ] && [ "$dest" != "$OUT/resume/$name" ]; then
-    cp "$OUT/resume/$name/segments.json" "$dest/"
-  fi
   "$PY" "$OUT/segments.py" "$dest/segments.json" "${segments[@]}"
 }
 
@@ -109,6 +106,7 @@ for job in "${jobs[@]}"; do
     cp "$(dirname "$summary")/episodes.csv" "$OUT/$name/"
     cp "$WORK/logs/$name.log" "$OUT/$name/train_log.txt"
     "$PY" "$ROOT/benchmark/learning_curve.py" "$(dirname "$summary")" && cp "$(dirname "$summary")/learning_curve.png" "$OUT/$name/"
+    [ -f "$OUT/resume/$name/segments.json" ] && cp "$OUT/resume/$name/segments.json" "$OUT/$name/"
     collect "$name" "$OUT/$name"
     cp "$summary" "$OUT/$name/"  # last: the run counts as complete once everything else is here
     rm -rf "$OUT/resume/$name"

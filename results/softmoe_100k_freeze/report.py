@@ -43,10 +43,13 @@ def network(args: dict) -> str:
     return name
 
 
-def row(run_dir: str, earlier: bool) -> dict:
+def load(run_dir: str) -> tuple[dict, dict[str, list[tuple[int, float]]]]:
     with open(os.path.join(run_dir, "summary.json")) as f:
-        summary = json.load(f)
-    args, s = summary["args"], scalars(run_dir)
+        return json.load(f), scalars(run_dir)
+
+
+def row(run_dir: str, earlier: bool, summary: dict, s: dict[str, list[tuple[int, float]]]) -> dict:
+    args = summary["args"]
     evaluation = summary["evaluations"][-1]
     entropy, diversity = s.get("analysis/routing_dispatch_entropy", []), s.get("analysis/token_diversity_out", [])
     grad = s.get("losses/phi_grad_rms", [])
@@ -67,7 +70,7 @@ def row(run_dir: str, earlier: bool) -> dict:
     )  # fmt: skip
 
 
-def plot(runs: list[tuple[str, bool]], path: str):
+def plot(runs: list[tuple[dict, dict, dict[str, list[tuple[int, float]]]]], path: str):
     """Three panels over training, one line per run of this study (colour: arm, style: seed): the training return per
     10k-step iteration, the snapshots' output-token diversity and the median of Phi's gradient RMS per iteration
     against Adam's eps."""
@@ -79,28 +82,23 @@ def plot(runs: list[tuple[str, bool]], path: str):
     fig, axes = plt.subplots(1, 3, figsize=(16, 5.4))
     colours = dict(impala8_softmoe="tab:red", impala8_none="black", nature4_softmoe="tab:blue", nature_none="tab:gray",
                    normalize_softmoe="tab:green", phieps_softmoe="tab:purple")  # fmt: skip
-    for run_dir, earlier in runs:
-        if earlier:
-            continue
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            summary = json.load(f)
-        name = os.path.basename(run_dir)
-        style = dict(
-            color=colours.get(re.sub(r"_s\d+$", "", name)), ls=["-", "--", ":"][(summary["args"]["seed"] - 1) % 3]
-        )
+    for r, summary, s in runs:
+        style = dict(color=colours.get(r["arm"]), ls=["-", "--", ":"][(r["seed"] - 1) % 3])
         size = summary["args"]["iteration_steps"]
         iterations = summary["iteration_returns"]
         axes[0].plot([(i + 1) * size for i in range(len(iterations))], [it["mean_return"] for it in iterations],
-                     label=name, marker=".", **style)  # fmt: skip
-        s = scalars(run_dir)
+                     label=r["run"], marker=".", **style)  # fmt: skip
         if diversity := s.get("analysis/token_diversity_out"):
             axes[1].plot(*zip(*diversity, strict=True), marker=".", **style)
         if grad := s.get("losses/phi_grad_rms"):
             ends = range(size, summary["args"]["total_timesteps"] + 1, size)
             medians = [(end, median_between(grad, end - size, end)) for end in ends]
             axes[2].plot(*zip(*[(x, m) for x, m in medians if m is not None], strict=True), marker=".", **style)
-    axes[2].axhline(1.5e-4, color="k", lw=0.8)
-    axes[2].annotate("Adam's ε (1.5e-4)", (0.02, 1.7e-4), xycoords=("axes fraction", "data"), fontsize=9)
+    adam_eps = runs[0][1]["args"]["adam_eps"]  # the paper's Table 1 value in every run here
+    axes[2].axhline(adam_eps, color="k", lw=0.8)
+    axes[2].annotate(
+        f"Adam's ε ({adam_eps:.1e})", (0.02, adam_eps * 1.13), xycoords=("axes fraction", "data"), fontsize=9
+    )
     titles = ("training return per 10k-step iteration", "output-token diversity (snapshots)",
               "Φ gradient RMS, median per 10k steps")  # fmt: skip
     for ax, title in zip(axes, titles, strict=True):
@@ -120,8 +118,8 @@ def fmt(x, spec: str) -> str:
 def main():
     runs = [(d, False) for d in sorted(glob.glob(os.path.join(HERE, "*_s[0-9]")))]
     runs += [(d, True) for d in sorted(glob.glob(os.path.join(EARLIER, "drq-eps_Breakout_*_s[0-9]")))]
-    runs = [(d, earlier) for d, earlier in runs if os.path.exists(os.path.join(d, "summary.json"))]
-    rows = [row(d, earlier) for d, earlier in runs]
+    runs = [(d, earlier, *load(d)) for d, earlier in runs if os.path.exists(os.path.join(d, "summary.json"))]
+    rows = [row(*run) for run in runs]
     with open(os.path.join(HERE, "summary.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -147,7 +145,8 @@ def main():
     for r in rows:
         if not r["earlier"]:
             print(f"{r['run']}: {r['iteration_returns']}")
-    plot(runs, os.path.join(HERE, "study.png"))
+    plot([(r, summary, s) for r, (_, _, summary, s) in zip(rows, runs, strict=True) if not r["earlier"]],
+         os.path.join(HERE, "study.png"))  # fmt: skip
     print(f"\nwrote {os.path.join(HERE, 'summary.csv')} and {os.path.join(HERE, 'study.png')}")
 
 
