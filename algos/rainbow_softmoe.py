@@ -52,6 +52,9 @@ import tyro
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from envs import code_version  # noqa: E402
+
 SCRIPT = Path(__file__).stem  # names the experiment, the checkpoint file and its format
 FRAME_SHAPE = (84, 84)
 STACK = 4
@@ -1062,6 +1065,7 @@ def train_step(q_net, target_net, optimizer, batch: dict, args: Args) -> dict:
     optimizer.step()
     if (phi := getattr(getattr(q_net, "moe", None), "phi", None)) is not None:
         metrics["phi_grad_rms"] = phi.grad.pow(2).mean().sqrt()
+        metrics["phi_norm"] = phi.detach().norm()
     return metrics
 
 
@@ -1261,7 +1265,8 @@ class Run:
               f"{args.num_envs} env(s), {args.protocol} protocol, replay {replay.rows * replay.num_envs:,} transitions "
               f"({replay.nbytes / 1e9:.2f} GB), device {device}{resumed}")  # fmt: skip
         self.summary = dict(
-            args=asdict(args), run_name=self.run_name, device=str(device), game=self.game, start_step=global_step,
+            args=asdict(args), run_name=self.run_name, code=code_version(), device=str(device), game=self.game,
+            start_step=global_step,
             num_parameters=sum(parts.values()), parameters_by_part=parts, replay_bytes=replay.nbytes,
             replay_bytes_per_transition=replay.BYTES_PER_TRANSITION,
         )  # fmt: skip
@@ -1289,7 +1294,7 @@ class Run:
             sps = (global_step - self.start_step) / (now - self.t_start)
             t0, step0 = self.learning_since or (now, global_step)
             learning_sps = (global_step - step0) / (now - t0) if now - t0 >= args.log_every_seconds else 0.0
-            for k in ("td_loss", "aux_loss", "q_values", "phi_grad_rms"):
+            for k in ("td_loss", "aux_loss", "q_values", "phi_grad_rms", "phi_norm"):
                 if k in metrics:
                     writer.add_scalar(f"losses/{k}", float(metrics[k]), global_step)
             writer.add_scalar("charts/SPS", sps, global_step)

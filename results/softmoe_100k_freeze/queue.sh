@@ -7,6 +7,8 @@
 #   (the earlier runs they are compared with had emulator-frame no-ops);
 #   normalize_softmoe_s3: a third seed, as its first two disagree (evaluation 15.0 and 38.1).
 #   nature4_softmoe_s2, nature_none_s2: a second seed of the two controls, after the Impala runs.
+#   impala8_softmoe_s3, impala8_none_s3: a third seed of the Impala pair, so that both compared pairs have three seeds
+#   (the --moe-normalize arm got its third because its first two disagreed).
 # Order: the Nature runs (~2.5-5 h each on one core), the Impala runs (~3.5-4 h each on one core, about 7 minutes on a
 # lent H200: device.sh), then the controls' second seed.
 #
@@ -47,6 +49,8 @@ jobs=(
   "impala8_none_s2|--encoder impala --moe none --seed 2"
   "nature4_softmoe_s2|--encoder nature --moe softmoe --num-experts 4 --seed 2"
   "nature_none_s2|--encoder nature --moe none --seed 2"
+  "impala8_softmoe_s3|--encoder impala --moe softmoe --num-experts 8 --seed 3"
+  "impala8_none_s3|--encoder impala --moe none --seed 3"
 )
 
 latest() { ls -t "$WORK"/runs/*__"$1"__*/"$2" 2>/dev/null | head -n 1 || true; }
