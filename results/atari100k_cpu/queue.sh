@@ -22,7 +22,7 @@ ROOT=$PWD
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 OUT=$ROOT/results/atari100k_cpu
 WORK=$OUT/work
-# torch threads per run. Two one-thread workers did 1.4x the steps/s of one worker on two threads (threads_2026-11-24/);
+# torch threads per run. Two one-thread workers did 1.4x the steps/s of one worker on two threads (threads/);
 # THREADS=2 with one worker finishes a single run sooner (~39 against ~27 steps/s for the baseline early in a run)
 export OMP_NUM_THREADS=${THREADS:-1}
 # glibc: keep freed tensor memory in the heap instead of returning it to the OS and page-faulting it back on the next

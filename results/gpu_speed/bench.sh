@@ -4,8 +4,8 @@
 # of 10,000, one update per 4 steps; CleanRL's DQN copies its target every 1,000 steps, so ours does too), ours in
 # eager mode and with --cuda-graph (EAGER=0 or GRAPHS=0 leaves one out).
 #
-#   bash results/gpu_speed_2026-11-24/bench.sh prepare CLEANRL_CHECKOUT   # here: copy and patch CleanRL into .gpu/
-#   bash results/gpu_speed_2026-11-24/bench.sh run OUTDIR STEPS ROUNDS     # there, from the repository root
+#   bash results/gpu_speed/bench.sh prepare CLEANRL_CHECKOUT   # here: copy and patch CleanRL into .gpu/
+#   bash results/gpu_speed/bench.sh run OUTDIR STEPS ROUNDS     # there, from the repository root
 #
 # prepare copies CleanRL's two scripts and cleanrl_utils/{__init__,atari_wrappers,buffers}.py (measured: CleanRL commit
 # fe8d8a03) into the git-ignored .gpu/cleanrl/ and applies the patches that gymnasium 1.x and numpy 2 need: the

@@ -2,7 +2,7 @@
 synchronisation after it) and a whole update without intermediate synchronisations, on a replay memory of 10,000 random
 rows, plus torch.profiler's count of kernels per update.
 
-    python results/gpu_speed_2026-11-24/profile_update.py --device cuda --reps 200 --network "nature none"
+    python results/gpu_speed/profile_update.py --device cuda --reps 200 --network "nature none"
 """
 
 import argparse

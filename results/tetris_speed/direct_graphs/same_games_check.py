@@ -2,7 +2,7 @@
 10 runs of the shallow dSiLU net on SZ-Tetris from the same start and the same random draws, main's loop order (fold,
 then step). Prints whether every board along the way, the record and the carry match, and the largest parameter gap.
 
-    .venv/bin/python results/tetris_speed/direct_graphs_2026-11-24/same_games_check.py --steps 3000
+    .venv/bin/python results/tetris_speed/direct_graphs/same_games_check.py --steps 3000
 """
 
 import argparse

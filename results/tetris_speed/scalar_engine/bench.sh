@@ -1,7 +1,7 @@
 # bench.sh: steady placements/s of the Tetris loop before (commit 7be9c61, checked out at $OLD) and after the scalar
 # engine graph, alternating, the other core's Atari job paused (SIGSTOP) so both cores are free. Steady rate =
 # placements between the third and the last progress line (10 s apart): no start-up, no compilation.
-#   OLD=/tmp/oldtree bash results/tetris_speed/scalar_engine_2026-11-23/bench.sh
+#   OLD=/tmp/oldtree bash results/tetris_speed/scalar_engine/bench.sh
 NEW=$(cd "$(dirname "$0")/../../.." && pwd)
 OLD=${OLD:?a checkout of commit 7be9c61}
 OUT=$(cd "$(dirname "$0")" && pwd)
