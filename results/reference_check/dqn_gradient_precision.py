@@ -8,7 +8,7 @@ where |g| < eps / 10, where that inversion is well conditioned. The routing is n
 reaches the encoder through the two softmaxes is a small difference of nearly equal terms, and float32 rounding
 shows there first.
 
-    .refvenv/bin/python -W ignore results/reference_check/dqn_gradient_precision.py --dopamine-dir /tmp/dopamine
+    .refvenv/bin/python -W ignore results/reference_check/dqn_gradient_precision.py --dopamine-dir ../dopamine
 """
 
 import argparse
