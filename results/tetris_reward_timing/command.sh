@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reward timing (issue 11 §1.4): the same 10 dSiLU runs (seed 1: run i from seed + i, the same piece and choice
-# generator) with r(s_{t+1}) ('next', tetris.md §0) and with the literal r_t = r(s_t) ('current'), one thread each,
+# generator) with r(s_{t+1}) ('next', this project's first reading) and with the literal r_t = r(s_t) ('current'), one thread each,
 # one after the other (or `command.sh next & command.sh current` on two threads). Reduced budget: 5,000 episodes
 # per run (EPISODES to change it). Resumable: a second call continues each timing from its checkpoint in runs/.
 cd "$(dirname "$0")"
