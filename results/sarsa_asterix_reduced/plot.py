@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BLOCK = 100
-RANDOM = 210.0  # Table 2 / Mnih et al. (2015), shared/reference/atari_scores.csv
+RANDOM = 210.0  # Mnih et al. (2015)'s random agent, the score Table 2's normalisation uses; benchmark/atari_scores.csv
 RUNS = [  # (episodes.csv glob, label, tau_k, colour)
     (os.path.join(HERE, "Asterix__reduced_tauk0.005*", "episodes.csv"),  # the last segment holds the whole history
      "tau_k 0.005 (paper schedule compressed 10x)", 0.005, "tab:blue"),
@@ -37,7 +37,7 @@ for pattern, label, tau_k, color in RUNS:
     episodes = np.arange(len(data))
     ax_tau.plot(data[:, 1], 0.5 / (1 + tau_k * episodes), color=color, lw=1.2)
     rows += [(label, int(s), (b + 1) * BLOCK, f"{m:.1f}") for b, (s, m) in enumerate(zip(steps, means, strict=True))]
-ax.axhline(RANDOM, color="gray", ls=":", label=f"random ({RANDOM:g}, Table 2)")
+ax.axhline(RANDOM, color="gray", ls=":", label=f"random ({RANDOM:g}, Mnih et al. 2015)")
 ax.set_ylabel(f"mean training score per {BLOCK} episodes")
 ax.set_title("Asterix, Sarsa(lambda) SiLU-dSiLU, --num-envs 8, reduced budget (2-core CPU)")
 ax.legend(fontsize=8)
