@@ -23,13 +23,15 @@
 #
 # Budgets: smoke = seconds per task on a CPU; reduced = the budget of the repository's results (results/*/README.md);
 # paper = the paper's. One task per (game, variant, seed); --slurm submits them as one job array (with --dry-run it
-# prints the job script); everything after -- goes to every task. benchmark/suites.py holds the suites.
+# prints the job script); everything after -- goes to every task. benchmark/suites.py holds the suites. At --budget
+# paper every launch and --dry-run first prints the compute the tasks need: agent steps, placements or gradient steps,
+# and GPU- and core-hours at the rates measured in this repository, each named (docs/benchmark.md has the table).
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 case "${1:-}" in
   report) shift; exec "$PY" benchmark/report.py "$@" ;;
-  ""|-h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+  ""|-h|--help) sed -n '2,28p' "$0"; exit 0 ;;
   *) exec "$PY" benchmark/suites.py "$@" ;;
 esac

@@ -6,7 +6,9 @@ run here N at a time (--jobs N), or written as one SLURM job array and submitted
 the job script instead). Every task writes its run directory to runs/{run_name}/ and its log to
 runs/logs/{suite}/{task}.log, wherever it ran, and the launch writes runs/suites/{suite}.json (the task list) so
 `benchmark.sh report SUITE` can say which tasks finished, failed or are missing. A task that evaluates what it trained
-(tetris-table3, atari-table3) runs the evaluation after the training, in the same task.
+(tetris-table3, atari-table3) runs the evaluation after the training, in the same task. At the paper budget the launch
+(or dry run) first prints what the tasks need: their agent steps, placements or gradient steps, and the hours on one
+GPU and on one CPU core at the rates measured in this repository (RATES, each with its source), or "not measured".
 
     python benchmark/suites.py tetris-table1 --budget paper --dry-run
     python benchmark/suites.py atari100k --budget reduced --games "Pong Boxing" --seeds "1 2" --jobs 2
@@ -23,7 +25,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: tasks run from there
 # Appendix A of Obando-Ceron et al. 2024
@@ -297,6 +299,305 @@ def elfwing_expand(suite, budget, seeds, games, python, extra):
     return tasks
 
 
+# What a suite needs at the paper budget, printed with its task list. Each task is costed at the rate of its own
+# configuration, read from its command line (so flags after -- count: `-- --cuda-graph` or `-- --encoder nature` pick
+# the rates measured with them): hours = tasks x per-task budget / rate. Every rate is one measured in this repository,
+# named by its file and figure; a configuration never timed is "not measured", except a network variant of a timed
+# (agent, encoder, replay ratio, mode), which takes that network's rate marked "stand-in": on the H100 the baseline
+# and Soft MoE of one agent and encoder ran within 10% of each other with CUDA graphs (10-21% eager), where the agent
+# and the encoder moved the rate 1.2-2.3x, and the replay ratio sets the updates per step, over half of an eager step's
+# time at 0.25 (results/gpu_speed: 5.2 ms per DQN update, one per 4 steps, at 434 steps/s). Where several rounds timed
+# a configuration, the lowest rate.
+@dataclass(frozen=True)
+class Rate:
+    per_second: float
+    unit: str  # agent steps, placements or gradient steps
+    device: str  # GPU (hours on one GPU) or core (hours on one CPU core)
+    config: tuple  # what was timed, as task_cost() describes a task
+    where: str  # the file that holds the measurement
+    figure: str  # which figure of it
+
+
+GPU_SPEED = "results/gpu_speed/README.md"  # Breakout, 10,000-step runs, learning from step 1,000, a 10,000 buffer
+A100K = "results/atari100k_cpu/README.md"
+FREEZE = "results/softmoe_100k_freeze/README.md"
+TETRIS_PAPER = "results/tetris_table1_paper/README.md"
+RATES = {
+    "h100-dqn-nature-none": Rate(434, "agent steps", "GPU", ("dqn", "nature", "none", 0.25, "eager"), GPU_SPEED,
+                                 "Result: dqn_softmoe.py --encoder nature --moe none, eager, round 3 (634 in round 1)"),
+    "h100-dqn-nature-none-graph": Rate(817, "agent steps", "GPU", ("dqn", "nature", "none", 0.25, "graph"), GPU_SPEED,
+                                       "Result: the same with --cuda-graph, round 3 (823 in round 2)"),
+    "h100-dqn-nature-softmoe": Rate(502, "agent steps", "GPU", ("dqn", "nature", "softmoe-e8", 0.25, "eager"),
+                                    GPU_SPEED, "Result: dqn_softmoe.py --encoder nature (Soft MoE, 8 experts), eager"),
+    "h100-dqn-nature-softmoe-graph": Rate(803, "agent steps", "GPU", ("dqn", "nature", "softmoe-e8", 0.25, "graph"),
+                                          GPU_SPEED, "Result: the same with --cuda-graph, round 2"),
+    "h100-rainbow-nature-none": Rate(186, "agent steps", "GPU", ("full-rainbow", "nature", "none", 0.25, "eager"),
+                                     GPU_SPEED, "Result: rainbow_softmoe.py --encoder nature --moe none, eager, "
+                                     "round 3 (199 in round 1)"),
+    "h100-rainbow-nature-none-graph": Rate(425, "agent steps", "GPU",
+                                           ("full-rainbow", "nature", "none", 0.25, "graph"), GPU_SPEED,
+                                           "Result: the same with --cuda-graph, round 2 (432 in round 3)"),
+    "h100-rainbow-nature-softmoe": Rate(219, "agent steps", "GPU",
+                                        ("full-rainbow", "nature", "softmoe-e8", 0.25, "eager"), GPU_SPEED,
+                                        "Result: rainbow_softmoe.py --encoder nature (Soft MoE, 8 experts), eager"),
+    "h100-rainbow-nature-softmoe-graph": Rate(388, "agent steps", "GPU",
+                                              ("full-rainbow", "nature", "softmoe-e8", 0.25, "graph"), GPU_SPEED,
+                                              "Result: the same with --cuda-graph, round 2 (402 in round 3)"),
+    "h100-rainbow-impala-softmoe": Rate(137, "agent steps", "GPU",
+                                        ("full-rainbow", "impala", "softmoe-e8", 0.25, "eager"), GPU_SPEED,
+                                        "Result: rainbow_softmoe.py (Impala, Soft MoE 8: the default), eager"),
+    "h100-rainbow-impala-softmoe-graph": Rate(312, "agent steps", "GPU",
+                                              ("full-rainbow", "impala", "softmoe-e8", 0.25, "graph"), GPU_SPEED,
+                                              "Result: the same with --cuda-graph"),
+    "h200-drq-eps-impala-softmoe-graph": Rate(231, "agent steps", "GPU",
+                                              ("drq-eps", "impala", "softmoe-e8", 1.0, "graph"), FREEZE,
+                                              "What the device part would take: DrQ(eps), Impala + Soft MoE 8, "
+                                              "--cuda-graph, one process on an H200, Breakout, while learning"),
+    "core-rainbow-nature-none": Rate(47.8, "agent steps", "core", ("full-rainbow", "nature", "none", 0.25, ""), A100K,
+                                     "Runs table: full-rainbow_RoadRunner_none_s1, one thread beside another run"),
+    "core-rainbow-nature-softmoe": Rate(22.0, "agent steps", "core",
+                                        ("full-rainbow", "nature", "softmoe-e8", 0.25, ""), A100K,
+                                        "Runs table: full-rainbow_RoadRunner_softmoe_s1, one thread beside another "
+                                        "run"),
+    "core-drq-eps-impala-none": Rate(7.6, "agent steps", "core", ("drq-eps", "impala", "none", 1.0, ""), FREEZE,
+                                     "Complete runs, wall time: the Impala baseline seed 1, 7.9 and 7.6 steps/s, one "
+                                     "thread beside another run, evaluation included"),
+    "core-drq-eps-impala-softmoe": Rate(6.8, "agent steps", "core", ("drq-eps", "impala", "softmoe-e8", 1.0, ""),
+                                        FREEZE, "Complete runs, wall time: Impala + Soft MoE seed 1, 6.8 and 6.9 "
+                                        "steps/s, one thread beside another run, evaluation included"),
+    "core-drq-eps-nature-none": Rate(27.0, "agent steps", "core", ("drq-eps", "nature", "none", 1.0, ""), A100K,
+                                     "Threads: DrQ(eps) Breakout baseline, two runs side by side, one thread each "
+                                     "(27.4 and 27.0), early in a run"),
+    "core-drq-eps-nature-softmoe4": Rate(15.0, "agent steps", "core", ("drq-eps", "nature", "softmoe-e4", 1.0, ""),
+                                         A100K, "Runs table: drq-eps_Breakout_softmoe_s2, side by side, one thread"),
+    "core-der-nature-none": Rate(13.7, "agent steps", "core", ("der", "nature", "none", 1.0, ""), A100K,
+                                 "Threads: DER Boxing baseline, one thread beside a Soft MoE run, early in a run"),
+    "core-der-nature-softmoe4": Rate(6.8, "agent steps", "core", ("der", "nature", "softmoe-e4", 1.0, ""), A100K,
+                                     "Threads: DER Boxing Soft MoE, one thread beside the baseline, early in a run"),
+    "core-cql-nature-none": Rate(5.2, "gradient steps", "core", ("cql", "nature", "none"), "results/cql_cpu/README.md",
+                                 "Speed: the baseline on one thread shared with two other runs"),
+    "core-cql-nature-softmoe": Rate(3.0, "gradient steps", "core", ("cql", "nature", "softmoe-e8"),
+                                    "results/cql_cpu/README.md", "Speed: Soft MoE (3.0-4.4) on one thread shared with "
+                                    "two other runs"),
+    "core-tetris-shallow-40runs": Rate(56_100, "placements", "core", ("SZTetris", "shallow", 40), TETRIS_PAPER,
+                                       "Wall time and rate: all, Table 1's 40 runs to 200,000 episodes on one core "
+                                       "(4,437M placements in 79,068 s)"),
+    "core-tetris-shallow-10runs": Rate(30_348, "placements", "core", ("SZTetris", "shallow", 10),
+                                       "results/tetris_speed/README.md", "Threads and processes: 10 batched runs, "
+                                       "1 thread, 2,500 episodes, compilation included (30,348 / 31,832)"),
+    "h200-tetris-deep-5runs-x3": Rate(2_220, "placements", "GPU", ("SZTetris", "deep", 5),
+                                      "results/tetris_deep_gpu/README.md", "Deep rows: three 5-run processes (the "
+                                      "three networks) side by side on one H200, together (713-772 each)"),
+    "h200-tetris-shallow-40runs": Rate(14_864, "placements", "GPU", ("SZTetris", "shallow", 40),
+                                       "results/tetris_deep_gpu/README.md", "Speed: shallow net, eager (not "
+                                       "--compile), 40 batched runs, one process alone on an H200"),
+    "core-tetris-deep-5runs": Rate(230, "placements", "core", ("SZTetris", "deep", 5),
+                                   "results/tetris_speed/README.md", "Components: deep net, 5 runs, one thread "
+                                   "(its output not kept)"),
+    "core-tetris10x10-5runs": Rate(4_400, "placements", "core", ("Tetris10x10", "shallow", 5),
+                                   "results/tetris_10x10_reduced/README.md", "machine: 'about 4,400 placements/s' "
+                                   "(4,443 in its summary.json), one thread shared with two to three other jobs"),
+    "core-sarsa-1env": Rate(239, "agent steps", "core", ("sarsa", 1), "docs/sarsa_lambda_silu_atari.md",
+                            "Speed: project CPU, Alien, one core taken by another job, --num-envs 1"),
+    "core-sarsa-8envs": Rate(417, "agent steps", "core", ("sarsa", 8), "results/sarsa_atari_reduced/README.md",
+                             "wall time: Asterix, --num-envs 8, 417 steps/s on one core (an earlier project CPU)"),
+}  # fmt: skip
+# Mean placements per episode, for the Tetris budgets given in episodes (placements = runs x episodes x this)
+EPISODE_PLACEMENTS = {
+    # Table 1's 40 shallow runs to 200,000 episodes: 4,437M placements over 40 x 200,000 episodes
+    "SZTetris": (4_437e6 / (40 * 200_000), TETRIS_PAPER),
+    # 32,178,835 placements over the 5 runs' first 52,397 episodes (9,247-13,075 each): a lower bound, as episodes
+    # lengthen while the agent learns (the paper's final 4,900 lines take >= 12,250 placements: 10 cells a line, 4 a
+    # piece)
+    "Tetris10x10": (32_178_835 / 52_397, "results/tetris_10x10_reduced/summary.json"),
+}
+
+
+def _values(argv, flag):
+    """The values after the last `flag` in argv (up to the next option); None where it is absent."""
+    found = None
+    for i, a in enumerate(argv):
+        if a == flag:
+            j = i + 1
+            while j < len(argv) and not argv[j].startswith("--"):
+                j += 1
+            found = argv[i + 1 : j]
+        elif a.startswith(flag + "="):
+            found = [a.split("=", 1)[1]]
+    return found
+
+
+def _value(argv, flag, default):
+    values = _values(argv, flag)
+    return values[-1] if values else default
+
+
+def _switch(argv, flag) -> bool:
+    on = False
+    for a in argv:
+        on = True if a == flag else False if a == "--no-" + flag[2:] else on
+    return on
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One task's budget: `amount` of `unit` ("<=" / ">=" when only a bound is known, `basis` says how it was found)
+    and the rate of its configuration on each device: (RATES key, "" or "stand-in: ...") or None (not measured)."""
+
+    what: str
+    amount: float
+    unit: str
+    bound: str = ""
+    basis: str = ""
+    gpu: tuple | None = None
+    core: tuple | None = None
+    net: str = field(default="", compare=False)  # the network, listed in the line but not part of its grouping
+
+
+def _rate_for(device: str, config: tuple):
+    """(key, note) of the rate measured for config on device, or of a stand-in: the same config but the network
+    (index 2; the baseline for a baseline, else an MoE where one was timed); None where neither was measured."""
+    exact = [k for k, r in RATES.items() if r.device == device and r.config == config]
+    if exact:
+        return exact[0], ""
+    if len(config) < 3 or config[0] in ("SZTetris", "Tetris10x10", "sarsa"):
+        return None
+    near = [k for k, r in RATES.items() if r.device == device and r.config[:2] == config[:2]
+            and r.config[3:] == config[3:]]  # fmt: skip
+    if not near:
+        return None
+    baseline = config[2].startswith("none")
+    near.sort(key=lambda k: RATES[k].config[2].startswith("none") != baseline)
+    return near[0], f"stand-in: only {RATES[near[0]].config[2]} timed"
+
+
+def task_cost(task) -> Cost:
+    """The task's budget and the rates that cost it, from its command line."""
+    argv, script = task.argv, os.path.basename(task.argv[1])
+    if task.seconds:  # a speed measurement: stopped by timeout
+        return Cost("a speed measurement", task.seconds, "s", basis="stopped by timeout")
+    if script in ("dqn_softmoe.py", "rainbow_softmoe.py", "cql_softmoe.py"):
+        moe, k = _value(argv, "--moe", "softmoe"), _value(argv, "--num-experts", "8")
+        width = _value(argv, "--width-multiplier", "1")
+        net = ("none" if width == "1" else f"none-x{width}") if moe == "none" else f"{moe}-e{k}"
+        if moe != "none" and _value(argv, "--tokenization", "perconv") != "perconv":
+            net += "-" + _value(argv, "--tokenization", "")
+        net += "-randomphi" if _switch(argv, "--random-phi") else ""
+        encoder = _value(argv, "--encoder", "impala")
+        if script == "cql_softmoe.py":
+            agent = _value(argv, "--agent", "cql")
+            steps = int(_value(argv, "--num-iterations", "200")) * int(_value(argv, "--steps-per-iteration", "62500"))
+            config = (agent, encoder, net)
+            return Cost(f"{agent}, {encoder}", steps, "gradient steps", gpu=_rate_for("GPU", config),
+                        core=_rate_for("core", config), net=net)  # fmt: skip
+        agent = "dqn" if script == "dqn_softmoe.py" else _value(argv, "--preset", "full-rainbow")
+        short = agent in ("der", "drq-eps")  # the Atari-100k presets: 100k steps, replay ratio 1
+        steps = int(_value(argv, "--total-timesteps", "100000" if short else "50000000"))
+        rr = float(_value(argv, "--replay-ratio", "1" if short else "0.25"))
+        mode = "graph" if _switch(argv, "--cuda-graph") else "eager"
+        config = (agent, encoder, net, rr)
+        return Cost(f"{agent}, {encoder}, replay ratio {rr:g}" + (", --cuda-graph" if mode == "graph" else ""), steps,
+                    "agent steps", gpu=_rate_for("GPU", config + (mode,)), core=_rate_for("core", config + ("",)),
+                    net=net)  # fmt: skip
+    if script == "td_lambda_tetris.py":
+        game = "Tetris10x10" if "Tetris10x10" in _value(argv, "--env-id", "") else "SZTetris"
+        network = _value(argv, "--network", "shallow")
+        runs = len(_values(argv, "--activation") or [None]) * int(_value(argv, "--num-runs", "1"))
+        episodes = int(_value(argv, "--total-episodes", "0"))
+        length, source = EPISODE_PLACEMENTS[game]
+        bound, how = "", f"the measured mean of Table 1's shallow runs ({source})"
+        if game == "Tetris10x10":  # episodes lengthen as the agent learns
+            bound = ">="
+            how = f"the mean of each run's first 9,247-13,075 episodes ({source}); the paper's final 4,900 lines "
+            how += "take >= 12,250 placements (10 cells a line, 4 a piece)"
+        elif network == "deep":
+            how = f"assumed: the shallow runs' measured mean ({source}); the paper's deep scores are alike"
+        config = (game, network, runs)
+        return Cost(f"{game}, {network}, {runs} runs", runs * episodes * length, "placements", bound,
+                    f"{runs} runs x {episodes:,} episodes x {length:.1f} placements, {how}",
+                    _rate_for("GPU", config), _rate_for("core", config))  # fmt: skip
+    # sarsa_lambda_silu_atari.py: an episode ends after at most 18,000 frames (§3.3), an action every fourth frame
+    envs = int(_value(argv, "--num-envs", "1"))
+    episodes = int(_value(argv, "--total-episodes", "200000"))
+    cap = int(_value(argv, "--max-episode-frames", "18000")) // int(_value(argv, "--frame-skip", "4"))
+    return Cost(f"Sarsa(lambda), --num-envs {envs}", episodes * cap, "agent steps", "<=",
+                f"{episodes:,} episodes x at most {cap:,} agent steps (the 18,000-frame cap)",
+                _rate_for("GPU", ("sarsa", envs)), _rate_for("core", ("sarsa", envs)))  # fmt: skip
+
+
+def _bound(bounds: set) -> str:
+    """The bound of a sum of figures: "<= " when some are upper bounds and the rest exact (">= " alike)."""
+    marks = bounds - {""}
+    return f"{marks.pop()} " if len(marks) == 1 else ""
+
+
+def _hours(h: float) -> str:
+    return f"{h:,.0f}" if h >= 100 else f"{h:.1f}" if h >= 1 else f"{h:.3f}"
+
+
+def cost_lines(tasks) -> list[str]:
+    """The compute the tasks need, one line per configuration, a total, and the source of every rate used."""
+    groups = {}
+    for t in tasks:
+        cost = task_cost(t)
+        groups.setdefault(cost, []).append(cost.net)
+    lines = ["compute at the paper budget (hours = tasks x per-task budget / rate; rates measured in this repository, "
+             "sources below; start-up, evaluations and analyses after training not counted):"]  # fmt: skip
+    used, totals, covered, amounts = [], {"GPU": 0.0, "core": 0.0}, {"GPU": 0, "core": 0}, {}
+    bounds = {"GPU": set(), "core": set()}  # "<=" / ">=" where a group's budget is a bound
+    unit_bounds = {}
+    for cost, members in groups.items():
+        n = len(members)
+        amounts[cost.unit] = amounts.get(cost.unit, 0) + n * cost.amount
+        unit_bounds.setdefault(cost.unit, set()).add(cost.bound)
+        bound = f"{cost.bound} " if cost.bound else ""
+        nets = ", ".join(dict.fromkeys(m for m in members if m))
+        head = f"  {n} x {bound}{cost.amount:,.0f} {cost.unit} ({cost.what}" + (f"; {nets})" if nets else ")")
+        if cost.unit == "s":
+            lines.append(f"{head}: {_hours(n * cost.amount / 3600)} h of wall time, {cost.basis}")
+            continue
+        parts = []
+        for device in ("GPU", "core"):
+            found = getattr(cost, device.lower())
+            if found is None:
+                parts.append(f"{device}-hours not measured")
+                continue
+            key, note = found
+            rate = RATES[key]
+            hours = n * cost.amount / rate.per_second / 3600
+            totals[device] += hours
+            covered[device] += n
+            bounds[device].add(cost.bound)
+            used += [key] if key not in used else []
+            parts.append(f"{bound}{_hours(hours)} {device}-hours at {rate.per_second:,g}/s [{key}]"
+                         + (f" ({note})" if note else ""))  # fmt: skip
+        lines.append(f"{head}: {'; '.join(parts)}")
+        if cost.basis:
+            lines.append(f"      per task: {cost.basis}")
+    total = ", ".join(_bound(unit_bounds[unit]) + (f"{v:,.0f} {unit}" if unit == "s" else f"{v:.3e} {unit}")
+                      for unit, v in amounts.items())  # fmt: skip
+    line = f"  total: {len(tasks)} task{'s' * (len(tasks) != 1)}" + (f", {total}" if total else "")
+    for device in ("GPU", "core"):
+        if covered[device]:
+            part = f"{_bound(bounds[device])}{_hours(totals[device])} {device}-hours"
+            line += f"; {part}" + (f" (the {covered[device]} tasks measured)" if covered[device] < len(tasks) else "")
+        elif amounts.keys() - {"s"}:
+            line += f"; {device}-hours not measured"
+    lines.append(line)
+    eager = [t for t in tasks if os.path.basename(t.argv[1]) in ("dqn_softmoe.py", "rainbow_softmoe.py")
+             and not _switch(t.argv, "--cuda-graph")]  # fmt: skip
+    if eager:  # the same tasks with CUDA graphs, where those rates were measured
+        graph = [task_cost(replace(t, argv=t.argv + ["--cuda-graph"])) for t in eager]
+        hours = [c.amount / RATES[c.gpu[0]].per_second / 3600 for c in graph if c.gpu]
+        used += [c.gpu[0] for c in graph if c.gpu and c.gpu[0] not in used]
+        used = list(dict.fromkeys(used))
+        lines.append(f"  with -- --cuda-graph: {_hours(sum(hours))} GPU-hours (the {len(hours)} tasks measured)"
+                     if hours else "  with -- --cuda-graph: GPU-hours not measured")  # fmt: skip
+    lines += [f"  [{k}] {RATES[k].per_second:,g} {RATES[k].unit}/s on one {RATES[k].device}: {RATES[k].where}, "
+              f"{RATES[k].figure}" for k in used]  # fmt: skip
+    return lines
+
+
 def write_manifest(tasks, suite, budget, how, job_id=None):
     os.makedirs(os.path.join("runs", "suites"), exist_ok=True)
     path = os.path.join("runs", "suites", f"{suite}.json")
@@ -394,7 +695,9 @@ def main(argv=None):
     if args.slurm and not args.dry_run and shutil.which("sbatch") is None:
         raise SystemExit("error: --slurm needs sbatch on PATH (no SLURM client found); use --jobs N to run here")
     os.chdir(ROOT)
-    print(f"{args.suite}: {len(tasks)} tasks at the {args.budget} budget", flush=True)
+    print(f"{args.suite}: {len(tasks)} task{'s' * (len(tasks) != 1)} at the {args.budget} budget", flush=True)
+    if args.budget == "paper":  # what an allocation must hold
+        print("\n".join(cost_lines(tasks)), flush=True)
     if args.dry_run:
         for t in tasks:
             print(f"+ {t.shell()}")

@@ -1,6 +1,6 @@
-"""benchmark.sh SUITE --slurm against a real SLURM (slurmctld + slurmd; /work/shared/reference/slurm.md has a
-single-node recipe): submit a smoke suite as one job array, wait for it, check every task's summary.json and that
-the report lists them. Slow; skipped where sbatch is not on PATH."""
+"""benchmark.sh SUITE --slurm against a real SLURM (slurmctld + slurmd; docs/benchmark.md, "SLURM job arrays", sets
+one up on a single machine): submit a smoke suite as one job array, wait for it, check every task's summary.json and
+that the report lists them. Slow; skipped where sbatch is not on PATH."""
 
 import json
 import os
