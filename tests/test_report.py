@@ -1,5 +1,7 @@
-"""report.py and suites.py on hand-made summary.json files: the tables, rliable's IQM against a hand computation, the
-paper's number beside ours, and the one-line errors on bad input."""
+"""report.py and suites.py on hand-made summary.json and table1.json files: the tables, rliable's IQM against a hand
+computation, the paper's number beside ours, Table 1 from settle.py's table1.json ahead of reduced runs, superseded
+folders left out, no interval for too few runs, comparisons that never mix budgets, protocols, agents or folders, and
+the one-line errors on bad input."""
 
 import json
 import os
@@ -51,7 +53,7 @@ def test_iqm_matches_hand_computation(moe_runs, tmp_path):
     text = "\n".join(report.moe_tables(runs, str(tmp_path / "out"), reps=200, plots=False))
     # 12 scores 0..11: the IQM drops the lowest and highest 3 and averages 3..8 = 5.5
     row = next(line for line in text.splitlines() if line.startswith("| dqn-softmoe-e8 "))
-    assert "| 5.500 |" in row and "| 3 | 4 |" in row
+    assert "| 5.500 |" in row and "| 3×4 |" in row
     row = next(line for line in text.splitlines() if line.startswith("| dqn-none "))
     assert "| 0.550 |" in row
     lo, hi = (float(x) for x in row.split("[")[1].split("]")[0].split(","))
@@ -64,7 +66,7 @@ def test_report_writes_markdown_and_plots(moe_runs, tmp_path):
     assert report.main([moe_runs, "--out", out, "--reps", "100"]) == 0
     md = open(os.path.join(out, "report.md")).read()
     assert "moe-fig7-cnn" in md
-    for png in ("moe-fig7-cnn_iqm.png", "moe-fig7-cnn_curves.png"):
+    for png in ("moe_iqm.png", "moe_curves.png", "moe_profiles.png"):
         assert os.path.getsize(os.path.join(out, png)) > 1000
 
 
@@ -89,6 +91,133 @@ def test_elfwing_tables_put_the_paper_beside_ours(tmp_path):
     t1 = report.elfwing_table1(runs)
     row = next(line for line in t1.splitlines() if line.startswith("| shallow dsilu"))
     assert "210.0 ± 70.0" in row and "263 ± 80" in row and "220.0 ± 60.0" in row and "1,000 / 200,000" in row
+
+
+def table1_json(runs):
+    """A table1.json in settle.py's schema (results/tetris_table1_paper/settle.py), `runs` runs per activation."""
+    acts = {}
+    for i, (act, mean, paper) in enumerate((("dsilu", 250.0, 263), ("sigmoid", 225.0, 232), ("silu", 212.0, 214),
+                                            ("relu", 200.0, 191))):  # fmt: skip
+        acts[act] = dict(runs=runs, mean=mean, median=mean - 1, sd_over_runs=30.0 + i, ci95=[mean - 10, mean + 10],
+                         sd_episodes=75.0, best_run=mean + 60, paper_mean=paper, paper_sd=70, paper_best=300,
+                         run_means=[mean] * runs)  # fmt: skip
+    tests = [dict(a="dsilu", b="relu", difference=50.0, welch_z=6.1, permutation_p=1e-5, holm_p=5e-5,
+                  verdict="settled: dsilu > relu (the paper's order)"),
+             dict(a="sigmoid", b="silu", difference=13.0, welch_z=1.6, permutation_p=0.11, holm_p=0.44,
+                  verdict=f"not settled at {runs} runs")]  # fmt: skip
+    return dict(at_episode=200_000, sources=["state.npz: network inits 1-30"], activations=acts, tests=tests,
+                alpha=0.05, resamples=10_000, permutations=100_000)  # fmt: skip
+
+
+def test_table1_leads_with_the_settled_result_and_leaves_out_superseded_runs(tmp_path):
+    """table1.json's full-budget rows and tests come first, with the run count read from the file; runs of a folder
+    whose README says it is superseded are named at the end, not tabled; other reduced runs follow Table 1."""
+    root = tmp_path / "results"
+    (root / "paper").mkdir(parents=True)
+    with open(root / "paper" / "table1.json", "w") as f:
+        json.dump(table1_json(30), f)
+    tetris = {"args": {"exp_name": "t1", "seed": 1, "env_id": "envs/SZTetris-v0", "network": "shallow",
+                       "activation": ["dsilu"], "holes_scale": 33.0},
+              "final_score_per_run": [100.0, 120.0], "final_score_sd_episodes": 50.0, "final_score_best_run": 120.0,
+              "final_score_best_run_sd_episodes": 40.0, "episodes_per_run": [3000, 3000], "complete": True}  # fmt: skip
+    write_run(str(root / "reduced"), "run", tetris | {"args": tetris["args"] | {"exp_name": "old_reduced"}})
+    (root / "reduced" / "README.md").write_text("# Reduced\n\nSuperseded by [paper](../paper/README.md).\n")
+    write_run(str(root / "check"), "run", tetris | {"args": tetris["args"] | {"exp_name": "timing_check"}})
+    (root / "check" / "README.md").write_text("# A check at 3,000 episodes\n")
+    out = str(tmp_path / "out")
+    assert report.main([str(root), "--out", out, "--no-plots"]) == 0
+    md = open(os.path.join(out, "report.md")).read()
+    head = "### Elfwing et al. Table 1: stochastic SZ-Tetris, shallow networks, 30 runs per activation at 200,000"
+    assert head in md and md.index(head) < md.index("### Other runs of Table 1's rows")
+    row = next(line for line in md.splitlines() if line.startswith("| shallow dsilu | 30 |"))
+    assert "**250.0** (240.0–260.0)" in row and "263 ± 70" in row
+    assert "| dsilu – relu | +50.0 | 6.10 |" in md and "settled: dsilu > relu (the paper's order)" in md
+    assert "not settled at 30 runs" in md and "(1 of 2 settled)" in md
+    assert "timing_check" in md.split("### Other runs")[1]  # a reduced run that nothing supersedes: after Table 1
+    assert "old_reduced" not in md  # superseded: left out of the tables ...
+    assert "reduced (1 summaries): Superseded by paper." in md.split("### Left out: superseded")[1]  # ... and named
+    with open(os.path.join(root, "paper", "table1.json"), "w") as f:
+        json.dump(table1_json(10), f)  # the run count comes from the file
+    assert report.main([str(root), "--out", out, "--no-plots", "--include-superseded"]) == 0
+    md = open(os.path.join(out, "report.md")).read()
+    assert "10 runs per activation at 200,000 episodes" in md and "old_reduced" in md
+
+
+def drq_summary(exp, seed, train, evaluation, moe="softmoe", encoder="impala", steps=100_000, eval_returns=None):
+    """A rainbow_softmoe.py --preset drq-eps summary on Breakout (random 1.7, human 30.5)."""
+    args = {"preset": "drq-eps", "exp_name": exp, "seed": seed, "env_id": "ALE/Breakout-v5", "protocol": "atari100k",
+            "total_timesteps": 100_000, "encoder": encoder, "moe": moe, "num_experts": 8, "eval_episodes": 100,
+            "replay_ratio": 1.0}  # fmt: skip
+    hns = lambda x: (x - 1.7) / 28.8  # noqa: E731
+    s = {"args": args, "game": "Breakout", "complete": steps == 100_000, "global_step": steps,
+         "mean_return_last_100": train, "human_normalized_score": hns(train)}  # fmt: skip
+    if evaluation is not None:
+        returns = eval_returns or [evaluation] * 90 + [evaluation + 10] * 10
+        mean = float(np.mean(returns))
+        s["evaluations"] = [{"global_step": steps, "episodes": len(returns), "returns": returns, "mean_return": mean,
+                             "human_normalized_score": hns(mean)}]  # fmt: skip
+    return s
+
+
+def test_a_two_seed_pair_has_no_interval_and_is_scored_on_training_when_its_evaluation_is_one_game(tmp_path):
+    """The Impala pair's shape: 1 game x 2 seeds per arm, evaluations that repeat one return: the IQM without a CI,
+    games x seeds written, the measure the training return, the evaluation beside it; a third seed still running is
+    not scored."""
+    root = str(tmp_path / "freeze")
+    for seed, (soft, base) in enumerate(((35.2, 16.8), (26.9, 15.0)), start=1):
+        write_run(root, f"soft_s{seed}", drq_summary(f"soft_s{seed}", seed, soft, 2 * soft))
+        write_run(root, f"none_s{seed}", drq_summary(f"none_s{seed}", seed, base, base + 4, moe="none"))
+    write_run(root, "soft_s3", drq_summary("soft_s3", 3, 5.0, None, steps=3589))
+    out = str(tmp_path / "out")
+    assert report.main([root, "--out", out, "--reps", "100"]) == 0
+    md = open(os.path.join(out, "report.md")).read()
+    assert "Scope: 1 of the paper's 26 games (Breakout), 2 of its 5 seeds" in md
+    assert "mean return of the last 100 training episodes" in md and "about one trajectory per seed" in md
+    row = next(line for line in md.splitlines() if line.startswith("| Soft MoE, 8 experts | "))
+    iqm = np.mean([(35.2 - 1.7) / 28.8, (26.9 - 1.7) / 28.8])
+    assert f"| {iqm:.3f} | – (2 runs) | 1×2 |" in row
+    row = next(line for line in md.splitlines() if line.startswith("| Soft MoE, 8 experts | Breakout |"))
+    assert "35.2 (s1), 26.9 (s2)" in row and "| 71.4, 54.8 |" in row  # training per seed; evaluation beside
+    assert "Soft MoE, 8 experts Breakout seed 3 (incomplete: 3,589 of 100,000 agent steps)" in md
+    assert os.path.getsize(os.path.join(out, "moe_iqm.png")) > 1000
+    # with evaluations that vary (no return in 3/4 of the episodes) and 5 runs per arm: the evaluation, with a CI
+    root = str(tmp_path / "varied")
+    for seed in range(1, 6):
+        for moe in ("softmoe", "none"):
+            ev = [float(seed + i % 7) for i in range(100)]  # its most common return: 15 of 100 episodes
+            write_run(root, f"{moe}{seed}", drq_summary(f"{moe}{seed}", seed, 10.0 + seed, 0.0, moe, eval_returns=ev))
+    (c,) = report.comparisons(report.find_summaries([root]))
+    report.score_comparison(c, reps=100)
+    assert c["measure"] == "evaluation" and all(lo is not None for _, lo, _ in c["est"].values())
+
+
+def test_runs_of_other_budgets_protocols_agents_or_folders_never_share_a_comparison(tmp_path):
+    root = str(tmp_path / "runs")
+    for seed in (1, 2):
+        write_run(root, f"a{seed}", dqn_summary("result", "Pong", seed, 0.1))
+        write_run(root, f"b{seed}", dqn_summary("result", "Pong", seed, 0.2, moe="none"))  # same exp_name, other net
+        long = dqn_summary("result", "Pong", seed, 0.3)
+        long["args"] = long["args"] | {"total_timesteps": 2000, "exp_name": "long"}
+        write_run(root, f"c{seed}", long)
+        nature = dqn_summary("result", "Pong", seed, 0.4)
+        nature["args"] = nature["args"] | {"protocol": "nature", "exp_name": "nature"}
+        write_run(root, f"d{seed}", nature)
+        write_run(root, f"e{seed}", drq_summary(f"drq{seed}", seed, 10.0, None))
+        write_run(str(tmp_path / "runs" / "other_study"), f"f{seed}", dqn_summary("other", "Pong", seed, 0.5))
+        (tmp_path / "runs" / "other_study" / "README.md").write_text("# Another experiment\n")
+        write_run(root, f"g{seed}", dqn_summary("boxing", "Boxing", seed, 0.6))
+    cs = report.comparisons(report.find_summaries([root]))
+    keys = [(c["origin"], c["agent"], c["protocol"], c["budget"], c["games"]) for c in cs]
+    assert len(keys) == len(set(keys)) == 6  # 1,000 vs 2,000 steps, nature protocol, DrQ, other folder, Boxing
+    for c in cs:
+        rs = [r for vrs in c["variants"].values() for r in vrs]
+        assert len({(report.budget_asked(r), report.protocol_of(r), report.agent_of(r)) for r in rs}) == 1
+        assert len({report.experiment_dir(r) for r in rs}) == 1
+        assert all({report.game_of(r) for r in vrs} == set(c["games"]) for vrs in c["variants"].values())
+    (pair,) = [c for c in cs if c["budget"] == (1000, "agent steps") and c["protocol"] == "dopamine protocol"
+               and c["games"] == ("Pong",) and "other_study" not in c["origin"]]  # fmt: skip
+    assert sorted(pair["variants"]) == ["Soft MoE, 8 experts", "baseline"]  # one exp_name, two networks: both kept
+    assert all(len(v) == 2 for v in pair["variants"].values())
 
 
 def test_paper_numbers_have_sources():
@@ -218,3 +347,18 @@ def test_slurm_dry_run_prints_the_job_script_it_would_submit(capsys, monkeypatch
     assert 'eval "$line"' in out and not os.path.exists(
         os.path.join(suites.ROOT, "runs", "slurm", "atari-table2-STAMP")
     )
+
+
+def test_one_name_two_configurations_are_two_variants(tmp_path):
+    """Runs that differ in an argument the variant's name does not show (here the replay ratio) are not pooled."""
+    root = str(tmp_path / "runs")
+    for seed in (1, 2):
+        write_run(root, f"a{seed}", dqn_summary("x", "Pong", seed, 0.1))
+        other = dqn_summary("y", "Pong", seed, 0.2)
+        other["args"] = other["args"] | {"replay_ratio": 1.0}
+        write_run(root, f"b{seed}", other)
+    (c,) = report.comparisons(report.find_summaries([root]))
+    assert sorted(c["variants"]) == [
+        "Soft MoE, 8 experts (replay_ratio=0.25)",
+        "Soft MoE, 8 experts (replay_ratio=1.0)",
+    ]
