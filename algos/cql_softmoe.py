@@ -3,7 +3,7 @@ the DQN Replay Dataset and evaluated online in the real ALE game.
 
 Obando-Ceron, Sokar, Willi et al. (ICML 2024), "Mixtures of Experts Unlock Parameter Scaling for Deep RL", §2.2
 (Soft MoE), §3 (the MoE replaces the penultimate dense layer) and §5.1 (offline RL: Fig. 11 and 17, Table 3), as
-Dopamine's offline agents build it (labs/offline_rl; softmoe_dopamine.md §5.7, §6).
+Dopamine's offline agents build it (dopamine/labs/offline_rl: jax_classy_cql.gin, offline_rainbow_agent.py).
 
     tokens X (m x d) from the encoder output C (h x w x d): PerConv = h*w tokens of size d (default),
     PerFeat = d tokens of size h*w, PerSamp = 1 token of size h*w*d
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import difflib
 import gzip
 import importlib.util
 import json
@@ -44,11 +43,10 @@ import re
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, Literal
 
-import ale_py
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -56,13 +54,45 @@ import tyro
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from envs import atari, code_version  # noqa: E402  (the Atari protocol the MoE scripts share)
+from envs.atari import FRAME_SHAPE, STACK  # noqa: E402
+
 SCRIPT = Path(__file__).stem  # names the experiment, the checkpoint file and its format
-FRAME_SHAPE = (84, 84)
-STACK = 4
 
 
 @dataclass
-class Args:
+class Network:
+    """The network's options: QNetwork is built from them, and a checkpoint records them as its architecture."""
+
+    encoder: Literal["impala", "nature"] = "impala"
+    """impala: 3 ResNet stacks 16/32/32 (the paper's Fig. 11 and 17); nature: 3 convs 32/64/64"""
+    moe: Literal["softmoe", "top1", "none"] = "softmoe"
+    """what replaces the penultimate dense layer: Soft MoE, Top1-MoE, or none (the dense 512-unit baseline)"""
+    num_experts: int | None = None
+    """experts n (default 8)"""
+    tokenization: Literal["perconv", "perfeat", "persamp"] | None = None
+    """how the encoder output becomes tokens (default perconv; Fig. 6)"""
+    expert_width: int | None = None
+    """hidden units of each expert (default 512; Fig. 5 uses 512 / n)"""
+    random_phi: bool = False
+    """softmoe: redraw Phi from N(0, 1) at every forward call instead of learning it (Fig. 8)"""
+    moe_normalize: bool = False
+    """softmoe: l2-normalise the tokens and the columns of Phi, times a learned scalar, for the logits (Fig. 13)"""
+    width_multiplier: int = 1
+    """none: widen the penultimate dense layer to 512 x k units (the scaled baseline of Fig. 1)"""
+    num_atoms: int = 1
+    """atoms of the C51 distribution; 1 = a scalar Q with the Huber loss"""
+    v_min: float = -10.0
+    """lowest atom of the support (-vmax)"""
+    v_max: float = 10.0
+    """highest atom of the support (vmax)"""
+    dueling: bool = False
+    """dueling heads: logits = V + A - mean_a A"""
+
+
+@dataclass
+class Args(Network):
     # --- experiment ---
     exp_name: str = SCRIPT
     """name of this experiment (part of the run name)"""
@@ -72,6 +102,8 @@ class Args:
     """'auto' (CUDA if available, else CPU), 'cpu', 'cuda' or 'cuda:N'"""
     torch_deterministic: bool = True
     """torch.backends.cudnn.deterministic"""
+    bf16: bool = False
+    """run the encoder in bfloat16 autocast; the MoE, the head and the loss stay float32"""
     track: bool = False
     """log to Weights & Biases (needs `pip install wandb`)"""
     wandb_project_name: str = "softmoe-deep-rl"
@@ -131,38 +163,10 @@ class Args:
     (jax_rainbow.gin's offline CQL+C51 uses 100; docs/cql_softmoe.md says why we follow the CQL file)"""
     cql_coef: float = 0.1
     """alpha, the weight of the CQL term (bc_coefficient in the reference's gin files)"""
-    num_atoms: int = 1
-    """atoms of the C51 distribution; 1 = a scalar Q with the Huber loss"""
-    v_min: float = -10.0
-    """lowest atom of the support (-vmax)"""
-    v_max: float = 10.0
-    """highest atom of the support (vmax)"""
-    dueling: bool = False
-    """dueling heads: logits = V + A - mean_a A"""
-    double: bool = False
-    """double DQN: the online network picks a* at s_{t+n}, the target network evaluates it"""
-
-    # --- network ---
-    encoder: Literal["impala", "nature"] = "impala"
-    """impala: 3 ResNet stacks 16/32/32 (the paper's Fig. 11 and 17); nature: 3 convs 32/64/64"""
-    moe: Literal["softmoe", "top1", "none"] = "softmoe"
-    """what replaces the penultimate dense layer: Soft MoE, Top1-MoE, or none (the dense 512-unit baseline)"""
-    num_experts: int | None = None
-    """experts n (default 8)"""
-    tokenization: Literal["perconv", "perfeat", "persamp"] | None = None
-    """how the encoder output becomes tokens (default perconv; Fig. 6)"""
-    expert_width: int | None = None
-    """hidden units of each expert (default 512; Fig. 5 uses 512 / n)"""
-    random_phi: bool = False
-    """softmoe: redraw Phi from N(0, 1) at every forward call instead of learning it (Fig. 8)"""
-    moe_normalize: bool = False
-    """softmoe: l2-normalise the tokens and the columns of Phi, times a learned scalar, for the logits (Fig. 13)"""
-    width_multiplier: int = 1
-    """none: widen the penultimate dense layer to 512 x k units (the scaled baseline of Fig. 1)"""
     load_balance_coef: float = 0.0
     """top1: weight of the importance and load losses added to the loss (0 = off, the reference's default)"""
-    bf16: bool = False
-    """run the encoder in bfloat16 autocast; the MoE, the head and the loss stay float32"""
+    double: bool = False
+    """double DQN: the online network picks a* at s_{t+n}, the target network evaluates it"""
 
     # --- evaluation (online, after every iteration: Dopamine's evaluation phase) ---
     eval_steps: int = 125_000
@@ -176,7 +180,7 @@ class Args:
     """epsilon of the evaluation policy (epsilon_eval)"""
 
 
-# What each agent sets (the paper's Table 3; softmoe_dopamine.md §5.7)
+# What each agent sets (the paper's Table 3)
 AGENTS = {
     "cql": dict(num_atoms=1, dueling=False, double=False, n_step=1, learning_rate=5e-5, adam_eps=3.125e-4),
     "cql-c51": dict(num_atoms=51, dueling=True, double=True, n_step=3, learning_rate=6.25e-5, adam_eps=1.5e-4),
@@ -218,7 +222,7 @@ def validate(args: Args) -> str | None:
     moe = args.moe != "none"
     dense = "needs an MoE; --moe none has a dense penultimate layer (use --moe softmoe or top1)"
     checks = [
-        (game_from_env_id(args.env_id) is None, unknown_env_message(args.env_id)),
+        (atari.game_from_env_id(args.env_id) is None, atari.unknown_env_message(args.env_id)),
         (not args.dataset_dir, "--dataset-dir is required: a DQN Replay Dataset run, or a folder written by "
                                "benchmark/replay_to_dataset.py"),
         (not 0 < args.data_percent <= 100, f"--data-percent must lie in (0, 100], got {args.data_percent}"),
@@ -260,95 +264,6 @@ def validate(args: Args) -> str | None:
          "--capture-video needs moviepy; `pip install moviepy` or drop --capture-video"),
     ]  # fmt: skip
     return next((message for failed, message in checks if failed), None)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Environment: ale_py's vector env, and the bookkeeping of its NEXT_STEP autoreset
-# ----------------------------------------------------------------------------------------------------------------------
-def make_env(args: Args, rom: str, num_envs: int):
-    """Frame skip 4 with max-pool, 84x84 grayscale, 4-frame stacks (zero before the episode's first frame), unclipped
-    rewards. No-op starts: 0-29 emulator frames under `nature`; 0-29 agent steps under `atari100k` (EpisodeTracker).
-    A lost life is `terminated` under `nature` and `atari100k`, but the game goes on (no reset). The step that loses
-    a life plays all 4 frames (Dopamine's preprocessing stops at the lost life's frame): up to 3 frames more."""
-    return ale_py.AtariVectorEnv(
-        rom, num_envs, num_threads=min(num_envs, os.cpu_count() or 1), frameskip=4, maxpool=True, grayscale=True,
-        img_height=FRAME_SHAPE[0], img_width=FRAME_SHAPE[1], stack_num=STACK, full_action_space=False,
-        repeat_action_probability=0.25 if args.protocol == "dopamine" else 0.0, reward_clipping=False,
-        noop_max=30 if args.protocol == "nature" else 0, life_loss_info=args.protocol != "dopamine",
-        episodic_life=False, use_fire_reset=False, max_num_frames_per_episode=args.max_episode_frames,
-    )  # fmt: skip
-
-
-def num_game_actions(rom: str) -> int:
-    """The game's minimal action set (what ale_py's vector env acts with), known before any env is made."""
-    ale = ale_py.ALEInterface()
-    ale.setLoggerMode(ale_py.LoggerMode.Error)
-    ale.loadROM(ale_py.roms.get_rom_path(rom))
-    return len(ale.getMinimalActionSet())
-
-
-class Step(NamedTuple):
-    acted: np.ndarray  # (N,) the env took the agent's action (False on ale_py's reset step and on no-op starts)
-    terminal: np.ndarray  # (N,) s_{t+1} is terminal for learning
-    valid: np.ndarray  # (N,) acted, and not cut by the time limit: a transition that may be learned from
-    history: np.ndarray  # (N,) earlier frames of the same stack in o_t, capped at 3
-    finished: list  # [(env, return, length)] of the episodes that ended
-
-
-class EpisodeTracker:
-    """After a step that ends an episode, ale_py's next step is a reset step: its action is ignored and it returns the
-    first observation of a new episode, so it is neither learned from nor counted (recognised from the previous step's
-    flags and, as a safeguard, the episode frame counter going backwards). With a life-loss protocol a lost life is
-    terminal for learning and the agent starts a new stack, while the game and its return go on. With `noop_steps`
-    (Atari 100k) every episode starts with k ~ U{0, ..., noop_steps - 1} agent steps of action 0 (`actions`) that are
-    neither learned from, counted nor scored; the first stack starts after them (DataEfficientAtariRunner)."""
-
-    def __init__(self, num_envs, life_loss_terminal, truncation_is_terminal, info, noop_steps=0, rng=None):
-        self.noop_steps, self.rng = noop_steps, rng
-        self.noops = self.rng.integers(0, noop_steps, num_envs) if noop_steps else np.zeros(num_envs, dtype=np.int64)
-        self.life_loss_terminal, self.truncation_is_terminal = life_loss_terminal, truncation_is_terminal
-        self.reset_next = np.zeros(num_envs, dtype=bool)
-        self.stack_steps = np.zeros(num_envs, dtype=np.int64)  # agent steps since the current stack began
-        self.lives = np.asarray(info["lives"]).copy()
-        self.frame_number = np.asarray(info["episode_frame_number"]).copy()
-        self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
-
-    def actions(self, actions: np.ndarray) -> np.ndarray:
-        """What the envs are sent: action 0 where an episode's no-op start is still under way."""
-        return np.where(self.noops > 0, 0, actions).astype(actions.dtype)
-
-    def step(self, rewards, terminated, truncated, info) -> Step:
-        frame_number, lives = np.asarray(info["episode_frame_number"]), np.asarray(info["lives"])
-        reset_step = self.reset_next | (frame_number < self.frame_number)
-        finished = [(k, self.returns[k], self.lengths[k]) for k in np.flatnonzero(reset_step & ~self.reset_next)]
-        noop = ~reset_step & (self.noops > 0)
-        acted = ~reset_step & ~noop
-        life_lost = (lives < self.lives) & (lives > 0)
-        terminal = acted & (terminated | (truncated & self.truncation_is_terminal))
-        cut = acted & truncated & ~terminated & (not self.truncation_is_terminal)  # the time limit, not the game
-        episode_over = acted & (truncated | (terminated & ~(self.life_loss_terminal & life_lost)))
-        history = np.minimum(self.stack_steps, STACK - 1)
-        self.returns += np.where(acted, rewards, 0)
-        self.lengths += acted
-        finished += [(k, self.returns[k], self.lengths[k]) for k in np.flatnonzero(episode_over)]
-        for k, _, _ in finished:
-            self.returns[k], self.lengths[k] = 0.0, 0
-        new_stack = reset_step | noop | (terminal & ~episode_over)  # a new episode, or a lost life that is terminal
-        self.stack_steps = np.where(new_stack, 0, self.stack_steps + 1)
-        self.reset_next = episode_over | (noop & (truncated | (terminated & ~life_lost)))
-        self.noops -= noop
-        if self.noop_steps and reset_step.any():
-            self.noops[reset_step] = self.rng.integers(0, self.noop_steps, int(reset_step.sum()))
-        self.lives, self.frame_number = lives.copy(), frame_number.copy()
-        finished = [(int(k), float(r), int(n)) for k, r, n in finished]
-        return Step(acted, terminal, acted & ~cut, history, finished)
-
-    def agent_view(self, obs: np.ndarray) -> np.ndarray:
-        """The stacks the agent sees: ale_py's, with the frames from before a terminal lost life zeroed."""
-        if not self.life_loss_terminal or self.stack_steps.min() >= STACK - 1:
-            return obs
-        keep = (STACK - 1 - np.arange(STACK))[None, :] <= self.stack_steps[:, None]  # (N, 4)
-        return obs * keep[:, :, None, None].astype(np.uint8)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -795,33 +710,33 @@ def load_balancing_loss(aux: dict, num_experts: int) -> torch.Tensor:
 
 class QNetwork(nn.Module):
     """uint8 stacks (B, 4, 84, 84) / 255 -> encoder -> [Dense(512 k) + ReLU | tokens -> MoE -> flatten] -> [dueling]
-    heads -> logits (B, A, N) -> Q = sum_i z_i softmax(logits)_i (the single logit when N = 1)."""
+    heads -> logits (B, A, N) -> Q = sum_i z_i softmax(logits)_i (the single logit when N = 1). Built from the Network
+    options of `args` (and --bf16)."""
 
-    def __init__(self, num_actions: int, encoder="impala", moe="softmoe", num_experts=8, tokenization="perconv",
-                 expert_width=512, random_phi=False, moe_normalize=False, width_multiplier=1, bf16=False, num_atoms=1,
-                 v_min=-10.0, v_max=10.0, dueling=False):  # fmt: skip
+    def __init__(self, num_actions: int, args: Args):
         super().__init__()
-        self.moe_kind, self.tokenization, self.bf16 = moe, tokenization, bf16
-        self.num_actions, self.num_atoms, self.dueling = num_actions, num_atoms, dueling
-        self.encoder = NatureEncoder() if encoder == "nature" else ImpalaEncoder()
+        self.moe_kind, self.tokenization, self.bf16 = args.moe, args.tokenization, args.bf16
+        self.num_actions, self.num_atoms, self.dueling = num_actions, args.num_atoms, args.dueling
+        self.encoder = NatureEncoder() if args.encoder == "nature" else ImpalaEncoder()
         with torch.no_grad():
             features = self.encoder(torch.zeros(1, STACK, *FRAME_SHAPE))  # (1, d, h, w)
-        if moe == "none":
-            self.dense = xavier_layer(nn.Linear(features[0].numel(), 512 * width_multiplier))
-            head_inputs = 512 * width_multiplier
+        if args.moe == "none":
+            self.dense = xavier_layer(nn.Linear(features[0].numel(), 512 * args.width_multiplier))
+            head_inputs = 512 * args.width_multiplier
         else:
-            num_tokens, dim = tokenize(features, tokenization).shape[1:]
-            if moe == "softmoe":
-                self.moe = SoftMoE(dim, num_tokens, num_experts, expert_width, random_phi, moe_normalize)
+            num_tokens, dim = tokenize(features, args.tokenization).shape[1:]
+            if args.moe == "softmoe":
+                self.moe = SoftMoE(dim, num_tokens, args.num_experts, args.expert_width, args.random_phi,
+                                   args.moe_normalize)  # fmt: skip
             else:
-                self.moe = Top1MoE(dim, num_tokens, num_experts, expert_width)
+                self.moe = Top1MoE(dim, num_tokens, args.num_experts, args.expert_width)
             head_inputs = num_tokens * dim  # the output tokens are flattened, no pooling
-        if dueling:
-            self.value = xavier_layer(nn.Linear(head_inputs, num_atoms))
-            self.advantage = xavier_layer(nn.Linear(head_inputs, num_actions * num_atoms))
+        if self.dueling:
+            self.value = xavier_layer(nn.Linear(head_inputs, self.num_atoms))
+            self.advantage = xavier_layer(nn.Linear(head_inputs, num_actions * self.num_atoms))
         else:
-            self.head = xavier_layer(nn.Linear(head_inputs, num_actions * num_atoms))
-        self.register_buffer("support", torch.linspace(v_min, v_max, num_atoms))  # z_i
+            self.head = xavier_layer(nn.Linear(head_inputs, num_actions * self.num_atoms))
+        self.register_buffer("support", torch.linspace(args.v_min, args.v_max, self.num_atoms))  # z_i
 
     def forward(self, x: torch.Tensor, return_aux: bool = False):
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):  # --bf16: the convolutions
@@ -848,24 +763,12 @@ def count_parameters(module: nn.Module) -> int:
 
 
 def build_network(args: Args, num_actions: int) -> QNetwork:
-    keys = ("encoder", "moe", "num_experts", "tokenization", "expert_width", "random_phi", "moe_normalize",
-            "width_multiplier", "bf16", "num_atoms", "v_min", "v_max", "dueling")  # fmt: skip
-    return QNetwork(num_actions, **{k: getattr(args, k) for k in keys})
+    return QNetwork(num_actions, args)
 
 
 def architecture(args: Args) -> dict:
-    """What a checkpoint must match to be loaded into this run's network."""
-    arch = {"env_id": args.env_id, "encoder": args.encoder, "moe": args.moe}
-    if args.moe == "none":
-        arch["width_multiplier"] = args.width_multiplier
-    else:
-        arch.update(num_experts=args.num_experts, tokenization=args.tokenization, expert_width=args.expert_width)
-    if args.moe == "softmoe":
-        arch.update(random_phi=args.random_phi, moe_normalize=args.moe_normalize)
-    arch.update(num_atoms=args.num_atoms, dueling=args.dueling)
-    if args.num_atoms > 1:
-        arch.update(v_min=args.v_min, v_max=args.v_max)
-    return arch
+    """What a checkpoint must match to be loaded into this run's network: the game and the Network options."""
+    return {"env_id": args.env_id} | {f.name: getattr(args, f.name) for f in fields(Network)}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -921,10 +824,11 @@ def cql_loss(q_net, target_net, batch: dict, args: Args):
         td = F.huber_loss(q_taken, target, reduction="none")
     penalty = cql_penalty(q, actions)  # on the expected Q-values
     per_sample = td + args.cql_coef * penalty
-    aux_loss = load_balancing_loss(aux, args.num_experts) if args.load_balance_coef > 0 else torch.zeros(())
-    metrics = {"td_loss": td.detach().mean(), "cql_penalty": penalty.detach().mean(), "aux_loss": aux_loss.detach(),
-               "q_values": q_taken.detach().mean()}  # fmt: skip
-    return per_sample.mean() + args.load_balance_coef * aux_loss, metrics | {"per_sample_loss": per_sample, "aux": aux}
+    load_balance_loss = load_balancing_loss(aux, args.num_experts) if args.load_balance_coef > 0 else torch.zeros(())
+    metrics = {"td_loss": td.detach().mean(), "cql_penalty": penalty.detach().mean(),
+               "load_balance_loss": load_balance_loss.detach(), "q_values": q_taken.detach().mean()}  # fmt: skip
+    loss = per_sample.mean() + args.load_balance_coef * load_balance_loss
+    return loss, metrics | {"per_sample_loss": per_sample, "aux": aux}
 
 
 def make_optimizer(q_net, args: Args) -> torch.optim.Adam:
@@ -934,54 +838,29 @@ def make_optimizer(q_net, args: Args) -> torch.optim.Adam:
 
 def train_step(q_net, target_net, optimizer, batch: dict, args: Args) -> dict:
     """One update on a batch of tensors: the loss, backward, Adam. Returns the loss's metrics and, for a learned Phi,
-    the RMS of its gradient (to compare with Adam's eps)."""
+    the RMS of its gradient (to compare with Adam's eps) and its norm."""
     loss, metrics = cql_loss(q_net, target_net, batch, args)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
     if (phi := getattr(getattr(q_net, "moe", None), "phi", None)) is not None:
-        metrics["phi_grad_rms"] = phi.grad.pow(2).mean().sqrt()
+        metrics |= {"phi_grad_rms": phi.grad.pow(2).mean().sqrt(), "phi_norm": phi.detach().norm()}
     return metrics
 
 
 def to_tensors(batch: dict, device) -> dict[str, torch.Tensor]:
-    keys = ("states", "next_states", "actions", "rewards", "terminals")
-    return {k: torch.from_numpy(batch[k]).to(device) for k in keys}
+    return {k: torch.from_numpy(v).to(device) for k, v in batch.items()}
 
 
 def evaluate(q_net, args: Args, rom: str, device, rng: np.random.Generator, video_path: str | None = None) -> list:
-    """Dopamine's evaluation phase, in parallel: --eval-envs games until their agent steps add up to --eval-steps,
-    keeping the games that end within the budget; or (--eval-episodes) one game per environment, each to its end.
-    epsilon-greedy at --eval-epsilon, the no-op starts of the protocol. Returns the (return, length) of the games kept;
-    with `video_path`, env 0's first game (what the agent sees) is written there as mp4."""
-    num_envs = args.eval_episodes or args.eval_envs
-    envs = make_env(args, rom, num_envs)
-    num_actions = int(envs.single_action_space.n)
-    obs, info = envs.reset(seed=args.seed + 1_000_003)
-    noop_steps = 30 if args.protocol == "atari100k" else 0
-    tracker = EpisodeTracker(num_envs, args.protocol != "dopamine", False, info, noop_steps, rng)
-    games, steps, live, frames = [], 0, np.ones(num_envs, dtype=bool), [] if video_path else None
-    try:
-        while live.any() and (args.eval_episodes or steps < args.eval_steps):
-            actions = np.zeros(num_envs, dtype=np.int32)
-            actions[live] = select_actions(q_net, obs[live], args.eval_epsilon, rng, num_actions, device)
-            next_obs, rewards, terminated, truncated, info = envs.step(tracker.actions(actions))
-            step = tracker.step(rewards, terminated, truncated, info)
-            steps += int((step.acted & live).sum())
-            if frames is not None:
-                frames.append(next_obs[0, -1].copy())
-            for env, episode_return, length in step.finished:
-                if live[env] and (args.eval_episodes or steps <= args.eval_steps):
-                    games.append((episode_return, length))
-                if args.eval_episodes:
-                    live[env] = False  # one game per environment
-                if env == 0 and frames:
-                    write_video(video_path, frames)
-                    frames = None
-            obs = tracker.agent_view(next_obs)
-    finally:
-        envs.close()
-    return games
+    """Dopamine's evaluation phase (envs/atari.py), in parallel: --eval-envs games until their agent steps add up to
+    --eval-steps, keeping the games that end within the budget; or (--eval-episodes) one game per environment, each to
+    its end. epsilon-greedy at --eval-epsilon, the no-op starts of the protocol. Returns the (return, length) of the
+    games kept; with `video_path`, env 0's first game (what the agent sees) is written there as mp4."""
+    act = lambda obs: select_actions(q_net, obs, args.eval_epsilon, rng, q_net.num_actions, device)  # noqa: E731
+    budget, num_envs = (None, args.eval_episodes) if args.eval_episodes else (args.eval_steps, args.eval_envs)
+    frames = args.max_episode_frames
+    return atari.evaluate(act, args.protocol, rom, num_envs, frames, args.seed, rng, budget, video_path)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -990,8 +869,8 @@ def evaluate(q_net, args: Args, rom: str, device, rng: np.random.Generator, vide
 def main(args: Args) -> dict:
     args = fill_defaults(args)
     error, ckpt, replay = validate(args), None, None
-    rom = game_from_env_id(args.env_id)
-    num_actions = num_game_actions(rom) if rom else 0
+    rom = atari.game_from_env_id(args.env_id)
+    num_actions = atari.num_game_actions(rom) if rom else 0
     if error is None and args.resume:
         try:
             ckpt = read_checkpoint(args)
@@ -1050,8 +929,8 @@ class Run:
     """Everything a run writes, and the timers that decide when."""
 
     def __init__(self, args, rom, q_net, target_net, optimizer, replay, rng, device, updates, evaluations):
-        self.args, self.rom, self.game, self.q_net, self.target_net = args, rom, camel_name(rom), q_net, target_net
-        self.optimizer, self.rng, self.evaluations = optimizer, rng, evaluations
+        self.args, self.rom, self.game, self.evaluations = args, rom, atari.camel_name(rom), evaluations
+        self.q_net, self.target_net, self.optimizer, self.rng, self.losses = q_net, target_net, optimizer, rng, {}
         self.start_updates, self.sample_seconds, self.eval_seconds = updates, 0.0, 0.0  # time sampling, evaluating
         self.t_start = self.t_log = self.t_write = time.time()
         variant = f"{args.agent}-{args.moe}-{args.encoder}"
@@ -1080,7 +959,7 @@ class Run:
                        episode_ends=replay.episodes_started, loading_path="Dopamine's fixed-replay path: the first "
                        "--data-percent rows of every checkpoint file")  # fmt: skip
         self.summary = dict(
-            args=asdict(args), run_name=self.run_name, device=str(device), game=self.game,
+            args=asdict(args), run_name=self.run_name, code=code_version(), device=str(device), game=self.game,
             num_parameters=sum(parts.values()), parameters_by_part=parts, dataset=dataset,
             behaviour_policy=behaviour_policy_score(args.dataset_dir, rom), start_updates=updates,
         )  # fmt: skip
@@ -1090,15 +969,15 @@ class Run:
         args, writer, now = self.args, self.writer, time.time()
         if now - self.t_log >= args.log_every_seconds:
             sps = (updates - self.start_updates) / max(now - self.t_start - self.eval_seconds, 1e-9)  # evaluations out
-            for k in ("td_loss", "cql_penalty", "aux_loss", "q_values", "phi_grad_rms"):
-                if k in metrics:
-                    writer.add_scalar(f"losses/{k}", float(metrics[k]), updates)
+            self.losses = {k: float(v) for k, v in metrics.items() if torch.is_tensor(v) and v.dim() == 0}
+            for k, v in self.losses.items():  # every scalar of the loss's metrics
+                writer.add_scalar(f"losses/{k}", v, updates)
             writer.add_scalar("charts/gradient_steps_per_second", sps, updates)
             total, spi = args.num_iterations * args.steps_per_iteration, args.steps_per_iteration
             timed = len(self.evaluations) - self.start_updates // spi  # the evaluations of this segment
             left = eta(total - updates, sps, args.num_iterations - updates // spi,
                        self.eval_seconds / timed if timed > 0 else None)  # fmt: skip
-            td, penalty = (float(metrics.get(k, float("nan"))) for k in ("td_loss", "cql_penalty"))
+            td, penalty = (self.losses.get(k, float("nan")) for k in ("td_loss", "cql_penalty"))
             last = f"{self.evaluations[-1]['mean_return']:.1f}" if self.evaluations else "-"
             print(f"iteration {min(updates // spi + 1, args.num_iterations)}/{args.num_iterations} | gradient step "
                   f"{updates:,}/{total:,} | {sps:,.1f} steps/s | td loss {td:.4f} | cql penalty {penalty:.3f} | "
@@ -1117,7 +996,7 @@ class Run:
         (with --save-model) the checkpoint."""
         returns, lengths = np.array([r for r, _ in games], dtype=np.float64), [n for _, n in games]
         mean = float(returns.mean()) if games else float("nan")
-        hns = human_normalized(mean, self.rom)
+        hns = atari.human_normalized(mean, self.rom)
         self.evaluations.append({
             "iteration": updates // self.args.steps_per_iteration, "updates": updates, "episodes": len(games),
             "mean_return": mean, "std_return": float(returns.std()) if games else float("nan"),
@@ -1143,7 +1022,7 @@ class Run:
             # the sampler's own rate: how many batches it could deliver per second, against the learner's consumption
             sampler_batches_per_second=done / self.sample_seconds if self.sample_seconds else None,
             eval_mean_return=last.get("mean_return"), eval_human_normalized_score=last.get("human_normalized_score"),
-            evaluations=evaluations, random_human_scores=RANDOM_HUMAN_SCORES.get(self.game),
+            evaluations=evaluations, random_human_scores=atari.RANDOM_HUMAN_SCORES.get(self.game), losses=self.losses,
         )  # fmt: skip
         keys = ("iteration", "updates", "mean_return", "human_normalized_score", "episodes")
         with open(os.path.join(self.run_dir, "eval_curve.csv"), "w", newline="") as f:
@@ -1172,8 +1051,8 @@ class Run:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         ax.plot([e["iteration"] for e in self.evaluations], [e["mean_return"] for e in self.evaluations], "ko-", ms=3,
                 label=f"{self.args.agent}, {self.args.moe}")  # fmt: skip
-        if self.game in RANDOM_HUMAN_SCORES:
-            low, human = RANDOM_HUMAN_SCORES[self.game]
+        if self.game in atari.RANDOM_HUMAN_SCORES:
+            low, human = atari.RANDOM_HUMAN_SCORES[self.game]
             ax.axhline(low, color="gray", ls=":", label=f"random ({low:g})")
             ax.axhline(human, color="r", ls=":", label=f"human ({human:g})")
         if behaviour := self.summary["behaviour_policy"]:
@@ -1247,72 +1126,14 @@ def behaviour_policy_score(dataset_dir: str, rom: str) -> dict | None:
     return {
         "episodes": len(returns),
         "mean_return_last_100": last,
-        "human_normalized_score": human_normalized(last, rom),
+        "human_normalized_score": atari.human_normalized(last, rom),
     }
-
-
-def write_video(path: str, frames: list):
-    """84x84 frames shown at 168x168, as mp4."""
-    from moviepy import ImageSequenceClip
-
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    rgb = [np.repeat(np.kron(f, np.ones((2, 2), dtype=np.uint8))[..., None], 3, -1) for f in frames]
-    ImageSequenceClip(rgb, fps=15).write_videofile(path, logger=None)
 
 
 # ======================================================================================================================
 # Shared helpers: byte-identical in dqn_softmoe.py, rainbow_softmoe.py and cql_softmoe.py (a test checks), so that a
 # diff between the scripts shows the algorithms
 # ======================================================================================================================
-# Standard no-op-start random / human reference scores (benchmark/atari_scores.csv: the rliable / DQN Zoo / Dopamine
-# table), for the human-normalised score (score - random) / (human - random).
-RANDOM_HUMAN_SCORES = {
-    "Alien": (227.8, 7127.7), "Amidar": (5.8, 1719.5), "Assault": (222.4, 742.0), "Asterix": (210.0, 8503.3),
-    "Asteroids": (719.1, 47388.7), "Atlantis": (12850.0, 29028.1), "BankHeist": (14.2, 753.1),
-    "BattleZone": (2360.0, 37187.5), "BeamRider": (363.9, 16926.5), "Berzerk": (123.7, 2630.4),
-    "Bowling": (23.1, 160.7), "Boxing": (0.1, 12.1), "Breakout": (1.7, 30.5), "Centipede": (2090.9, 12017.0),
-    "ChopperCommand": (811.0, 7387.8), "CrazyClimber": (10780.5, 35829.4), "Defender": (2874.5, 18688.9),
-    "DemonAttack": (152.1, 1971.0), "DoubleDunk": (-18.6, -16.4), "Enduro": (0.0, 860.5),
-    "FishingDerby": (-91.7, -38.7), "Freeway": (0.0, 29.6), "Frostbite": (65.2, 4334.7), "Gopher": (257.6, 2412.5),
-    "Gravitar": (173.0, 3351.4), "Hero": (1027.0, 30826.4), "IceHockey": (-11.2, 0.9), "Jamesbond": (29.0, 302.8),
-    "Kangaroo": (52.0, 3035.0), "Krull": (1598.0, 2665.5), "KungFuMaster": (258.5, 22736.3),
-    "MontezumaRevenge": (0.0, 4753.3), "MsPacman": (307.3, 6951.6), "NameThisGame": (2292.3, 8049.0),
-    "Phoenix": (761.4, 7242.6), "Pitfall": (-229.4, 6463.7), "Pong": (-20.7, 14.6), "PrivateEye": (24.9, 69571.3),
-    "Qbert": (163.9, 13455.0), "Riverraid": (1338.5, 17118.0), "RoadRunner": (11.5, 7845.0), "Robotank": (2.2, 11.9),
-    "Seaquest": (68.4, 42054.7), "Skiing": (-17098.1, -4336.9), "Solaris": (1236.3, 12326.7),
-    "SpaceInvaders": (148.0, 1668.7), "StarGunner": (664.0, 10250.0), "Surround": (-10.0, 6.5),
-    "Tennis": (-23.8, -8.3), "TimePilot": (3568.0, 5229.2), "Tutankham": (11.4, 167.6), "UpNDown": (533.4, 11693.2),
-    "Venture": (0.0, 1187.5), "VideoPinball": (0.0, 17667.9), "WizardOfWor": (563.5, 4756.5),
-    "YarsRevenge": (3092.9, 54576.9), "Zaxxon": (32.5, 9173.3),
-}  # fmt: skip
-
-
-def camel_name(rom: str) -> str:
-    """'ms_pacman' -> 'MsPacman' (Gymnasium's spelling of ROM names)."""
-    return "".join(part.capitalize() for part in rom.split("_"))
-
-
-def game_from_env_id(env_id: str) -> str | None:
-    """'ALE/MsPacman-v5' -> the ROM name 'ms_pacman', or None when no ROM has that name."""
-    match = re.fullmatch(r"ALE/([A-Za-z0-9]+)-v5", env_id)
-    roms = {rom.replace("_", ""): rom for rom in ale_py.roms.get_all_rom_ids()}
-    return roms.get(match.group(1).lower()) if match else None
-
-
-def unknown_env_message(env_id: str) -> str:
-    names = {camel_name(rom).lower(): camel_name(rom) for rom in ale_py.roms.get_all_rom_ids()}
-    asked = re.sub(r"^(ALE/)?|(NoFrameskip)?(-v\d+)?$", "", env_id).lower()
-    close = difflib.get_close_matches(asked, list(names), n=3, cutoff=0.5)
-    hint = ", ".join(f"ALE/{names[c]}-v5" for c in close) if close else "ALE/<Game>-v5 such as ALE/Pong-v5"
-    return f"unknown --env-id {env_id!r}; closest valid ids: {hint}"
-
-
-def human_normalized(score: float | None, rom: str) -> float | None:
-    """(score - random) / (human - random), or None without a score or for the games without reference scores."""
-    ref = RANDOM_HUMAN_SCORES.get(camel_name(rom))
-    return None if ref is None or score is None or not math.isfinite(score) else (score - ref[0]) / (ref[1] - ref[0])
-
-
 class stop_signals:
     """`with stop_signals() as stopped:` SIGINT and SIGTERM (even when a background shell ignored SIGINT) end the loop
     at the next `stopped()` check, so that the summary and the checkpoint are written; the old handlers come back."""
@@ -1351,10 +1172,9 @@ def load_checkpoint(path: str, args) -> dict:
         if script == SCRIPT:
             raise ValueError(f"--resume {path!r} has the format {found} of an older {SCRIPT}.py, not {SCRIPT}/2")
         raise ValueError(f"--resume {path!r} is not a {SCRIPT} checkpoint" + (f" but a {script} one" if script else ""))
+    # every option the checkpoint records must match (an older script's checkpoint records only what its network used)
     want, have = architecture(args), ckpt["architecture"]
-    if want != have:
-        diff = [f"{k}: checkpoint {have.get(k)} vs requested {want.get(k)}" for k in sorted({*want, *have})
-                if want.get(k) != have.get(k)]  # fmt: skip
+    if diff := [f"{k}: checkpoint {v} vs requested {want.get(k)}" for k, v in sorted(have.items()) if want.get(k) != v]:
         raise ValueError(f"--resume {path!r} holds another architecture ({', '.join(diff)}); pass matching flags")
     return ckpt
 

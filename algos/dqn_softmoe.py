@@ -22,20 +22,18 @@ Every flag, output and difference from the paper: docs/dqn_softmoe.md. Fig. 10: 
 from __future__ import annotations
 
 import csv
-import difflib
 import importlib.util
 import json
 import math
 import os
 import random
-import re
 import signal
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, Literal
 
-import ale_py
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -43,13 +41,37 @@ import tyro
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from envs import atari, code_version  # noqa: E402  (the Atari protocol the MoE scripts share)
+from envs.atari import FRAME_SHAPE, STACK  # noqa: E402
+
 SCRIPT = Path(__file__).stem  # names the experiment, the checkpoint file and its format
-FRAME_SHAPE = (84, 84)
-STACK = 4
 
 
 @dataclass
-class Args:
+class Network:
+    """The network's options: QNetwork is built from them, and a checkpoint records them as its architecture."""
+
+    encoder: Literal["impala", "nature"] = "impala"
+    """impala: 3 ResNet stacks 16/32/32 (the paper's main encoder); nature: 3 convs 32/64/64 (Fig. 7)"""
+    moe: Literal["softmoe", "top1", "none"] = "softmoe"
+    """what replaces the penultimate dense layer: Soft MoE, Top1-MoE, or none (the dense 512-unit baseline)"""
+    num_experts: int | None = None
+    """experts n (default 8)"""
+    tokenization: Literal["perconv", "perfeat", "persamp"] | None = None
+    """how the encoder output becomes tokens (default perconv; Fig. 6)"""
+    expert_width: int | None = None
+    """hidden units of each expert (default 512; Fig. 5 uses 512 / n)"""
+    random_phi: bool = False
+    """softmoe: redraw Phi from N(0, 1) at every forward call instead of learning it (Fig. 8)"""
+    moe_normalize: bool = False
+    """softmoe: l2-normalise the tokens and the columns of Phi, times a learned scalar, for the logits (Fig. 13)"""
+    width_multiplier: int = 1
+    """none: widen the penultimate dense layer to 512 x k units (the scaled baseline of Fig. 1)"""
+
+
+@dataclass
+class Args(Network):
     # --- experiment ---
     exp_name: str = SCRIPT
     """name of this experiment (part of the run name)"""
@@ -61,6 +83,8 @@ class Args:
     """torch.backends.cudnn.deterministic"""
     cuda_graph: bool = False
     """GPU only: record the update and the acting pass once as CUDA graphs and replay them (fewer kernel launches)"""
+    bf16: bool = False
+    """run the encoder in bfloat16 autocast; the MoE, the head and the loss stay float32"""
     track: bool = False
     """log to Weights & Biases (needs `pip install wandb`)"""
     wandb_project_name: str = "softmoe-deep-rl"
@@ -123,28 +147,8 @@ class Args:
     """final exploration rate epsilon (epsilon_train)"""
     epsilon_decay_steps: int = 250_000
     """agent steps over which epsilon falls linearly from 1 to --end-e after --learning-starts (epsilon_decay_period)"""
-
-    # --- network ---
-    encoder: Literal["impala", "nature"] = "impala"
-    """impala: 3 ResNet stacks 16/32/32 (the paper's main encoder); nature: 3 convs 32/64/64 (Fig. 7)"""
-    moe: Literal["softmoe", "top1", "none"] = "softmoe"
-    """what replaces the penultimate dense layer: Soft MoE, Top1-MoE, or none (the dense 512-unit baseline)"""
-    num_experts: int | None = None
-    """experts n (default 8)"""
-    tokenization: Literal["perconv", "perfeat", "persamp"] | None = None
-    """how the encoder output becomes tokens (default perconv; Fig. 6)"""
-    expert_width: int | None = None
-    """hidden units of each expert (default 512; Fig. 5 uses 512 / n)"""
-    random_phi: bool = False
-    """softmoe: redraw Phi from N(0, 1) at every forward call instead of learning it (Fig. 8)"""
-    moe_normalize: bool = False
-    """softmoe: l2-normalise the tokens and the columns of Phi, times a learned scalar, for the logits (Fig. 13)"""
-    width_multiplier: int = 1
-    """none: widen the penultimate dense layer to 512 x k units (the scaled baseline of Fig. 1)"""
     load_balance_coef: float = 0.0
     """top1: weight of the importance and load losses added to the TD loss (0 = off, the reference's default)"""
-    bf16: bool = False
-    """run the encoder in bfloat16 autocast; the MoE, the head and the loss stay float32"""
 
     # --- analysis (Fig. 10) ---
     snapshot_every: Annotated[int, tyro.conf.arg(aliases=("--analysis-every",))] = 0
@@ -173,7 +177,7 @@ def validate(args: Args) -> str | None:
     memory = rows * envs * FrameReplay.BYTES_PER_TRANSITION
     available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     checks = [
-        (game_from_env_id(args.env_id) is None, unknown_env_message(args.env_id)),
+        (atari.game_from_env_id(args.env_id) is None, atari.unknown_env_message(args.env_id)),
         (not moe and args.num_experts is not None, f"--num-experts {dense}"),
         (not moe and args.tokenization is not None, f"--tokenization {dense}"),
         (not moe and args.expert_width is not None, "--expert-width needs an MoE; widen the --moe none baseline with "
@@ -216,87 +220,6 @@ def validate(args: Args) -> str | None:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Environment: ale_py's vector env, and the bookkeeping of its NEXT_STEP autoreset
-# ----------------------------------------------------------------------------------------------------------------------
-def make_env(args: Args, rom: str, num_envs: int):
-    """Frame skip 4 with max-pool, 84x84 grayscale, 4-frame stacks (zero before the episode's first frame), unclipped
-    rewards. No-op starts: 0-29 emulator frames under `nature`; 0-29 agent steps under `atari100k` (EpisodeTracker).
-    A lost life is `terminated` under `nature` and `atari100k`, but the game goes on (no reset). The step that loses
-    a life plays all 4 frames (Dopamine's preprocessing stops at the lost life's frame): up to 3 frames more."""
-    return ale_py.AtariVectorEnv(
-        rom, num_envs, num_threads=min(num_envs, os.cpu_count() or 1), frameskip=4, maxpool=True, grayscale=True,
-        img_height=FRAME_SHAPE[0], img_width=FRAME_SHAPE[1], stack_num=STACK, full_action_space=False,
-        repeat_action_probability=0.25 if args.protocol == "dopamine" else 0.0, reward_clipping=False,
-        noop_max=30 if args.protocol == "nature" else 0, life_loss_info=args.protocol != "dopamine",
-        episodic_life=False, use_fire_reset=False, max_num_frames_per_episode=args.max_episode_frames,
-    )  # fmt: skip
-
-
-class Step(NamedTuple):
-    acted: np.ndarray  # (N,) the env took the agent's action (False on ale_py's reset step and on no-op starts)
-    terminal: np.ndarray  # (N,) s_{t+1} is terminal for learning
-    valid: np.ndarray  # (N,) acted, and not cut by the time limit: a transition that may be learned from
-    history: np.ndarray  # (N,) earlier frames of the same stack in o_t, capped at 3
-    finished: list  # [(env, return, length)] of the episodes that ended
-
-
-class EpisodeTracker:
-    """After a step that ends an episode, ale_py's next step is a reset step: its action is ignored and it returns the
-    first observation of a new episode, so it is neither learned from nor counted (recognised from the previous step's
-    flags and, as a safeguard, the episode frame counter going backwards). With a life-loss protocol a lost life is
-    terminal for learning and the agent starts a new stack, while the game and its return go on. With `noop_steps`
-    (Atari 100k) every episode starts with k ~ U{0, ..., noop_steps - 1} agent steps of action 0 (`actions`) that are
-    neither learned from, counted nor scored; the first stack starts after them (DataEfficientAtariRunner)."""
-
-    def __init__(self, num_envs, life_loss_terminal, truncation_is_terminal, info, noop_steps=0, rng=None):
-        self.noop_steps, self.rng = noop_steps, rng
-        self.noops = self.rng.integers(0, noop_steps, num_envs) if noop_steps else np.zeros(num_envs, dtype=np.int64)
-        self.life_loss_terminal, self.truncation_is_terminal = life_loss_terminal, truncation_is_terminal
-        self.reset_next = np.zeros(num_envs, dtype=bool)
-        self.stack_steps = np.zeros(num_envs, dtype=np.int64)  # agent steps since the current stack began
-        self.lives = np.asarray(info["lives"]).copy()
-        self.frame_number = np.asarray(info["episode_frame_number"]).copy()
-        self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
-
-    def actions(self, actions: np.ndarray) -> np.ndarray:
-        """What the envs are sent: action 0 where an episode's no-op start is still under way."""
-        return np.where(self.noops > 0, 0, actions).astype(actions.dtype)
-
-    def step(self, rewards, terminated, truncated, info) -> Step:
-        frame_number, lives = np.asarray(info["episode_frame_number"]), np.asarray(info["lives"])
-        reset_step = self.reset_next | (frame_number < self.frame_number)
-        finished = [(k, self.returns[k], self.lengths[k]) for k in np.flatnonzero(reset_step & ~self.reset_next)]
-        noop = ~reset_step & (self.noops > 0)
-        acted = ~reset_step & ~noop
-        life_lost = (lives < self.lives) & (lives > 0)
-        terminal = acted & (terminated | (truncated & self.truncation_is_terminal))
-        cut = acted & truncated & ~terminated & (not self.truncation_is_terminal)  # the time limit, not the game
-        episode_over = acted & (truncated | (terminated & ~(self.life_loss_terminal & life_lost)))
-        history = np.minimum(self.stack_steps, STACK - 1)
-        self.returns += np.where(acted, rewards, 0)
-        self.lengths += acted
-        finished += [(k, self.returns[k], self.lengths[k]) for k in np.flatnonzero(episode_over)]
-        for k, _, _ in finished:
-            self.returns[k], self.lengths[k] = 0.0, 0
-        new_stack = reset_step | noop | (terminal & ~episode_over)  # a new episode, or a lost life that is terminal
-        self.stack_steps = np.where(new_stack, 0, self.stack_steps + 1)
-        self.reset_next = episode_over | (noop & (truncated | (terminated & ~life_lost)))
-        self.noops -= noop
-        if self.noop_steps and reset_step.any():
-            self.noops[reset_step] = self.rng.integers(0, self.noop_steps, int(reset_step.sum()))
-        self.lives, self.frame_number = lives.copy(), frame_number.copy()
-        finished = [(int(k), float(r), int(n)) for k, r, n in finished]
-        return Step(acted, terminal, acted & ~cut, history, finished)
-
-    def agent_view(self, obs: np.ndarray) -> np.ndarray:
-        """The stacks the agent sees: ale_py's, with the frames from before a terminal lost life zeroed."""
-        if not self.life_loss_terminal or self.stack_steps.min() >= STACK - 1:
-            return obs
-        keep = (STACK - 1 - np.arange(STACK))[None, :] <= self.stack_steps[:, None]  # (N, 4)
-        return obs * keep[:, :, None, None].astype(np.uint8)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
 # Replay memory: every frame stored once, stacks and n-step returns rebuilt at sample time
 # ----------------------------------------------------------------------------------------------------------------------
 class FrameReplay:
@@ -307,28 +230,26 @@ class FrameReplay:
     t-3..t with the `3 - history` oldest zeroed, so a stack never reaches into another episode. A sample at row t uses
     rows t..t+L-1, L = n or up to the first terminal; all of them must be valid."""
 
-    BYTES_PER_TRANSITION = FRAME_SHAPE[0] * FRAME_SHAPE[1] + 1 + 4 + 1 + 1 + 1  # frame, action, reward, 3 flags
-    ARRAYS = ("frames", "actions", "rewards", "terminals", "valid", "history")
+    # what a row holds, name: (dtype, shape of one env's entry); the arrays, add, the checkpoint files derive from it
+    FIELDS = {"frames": (np.uint8, FRAME_SHAPE), "actions": (np.uint8, ()), "rewards": (np.float32, ()),
+              "terminals": (bool, ()), "valid": (bool, ()), "history": (np.uint8, ())}  # fmt: skip
+    BYTES_PER_TRANSITION = sum(np.dtype(dtype).itemsize * math.prod(shape) for dtype, shape in FIELDS.values())
 
     def __init__(self, capacity: int, num_envs: int):
         self.rows, self.num_envs = -(-capacity // num_envs), num_envs
-        shape = (self.rows, num_envs)
-        self.frames = np.zeros(shape + FRAME_SHAPE, dtype=np.uint8)  # pages are only touched when written
-        self.actions, self.rewards = np.zeros(shape, dtype=np.uint8), np.zeros(shape, dtype=np.float32)
-        self.terminals, self.valid = np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool)
-        self.history = np.zeros(shape, dtype=np.uint8)
+        for name, (dtype, shape) in self.FIELDS.items():  # pages are only touched when written
+            setattr(self, name, np.zeros((self.rows, num_envs, *shape), dtype=dtype))
         self.cursor, self.count = 0, 0  # the next row to write, the rows written (at most self.rows)
 
     @property
     def nbytes(self) -> int:
-        return sum(getattr(self, name).nbytes for name in self.ARRAYS)
+        return sum(getattr(self, name).nbytes for name in self.FIELDS)
 
-    def add(self, frames, actions, rewards, terminals, valid, history):
-        """One row for every environment: frames (N, 84, 84), the others (N,)."""
-        t = self.cursor
-        self.frames[t], self.actions[t], self.rewards[t] = frames, actions, rewards
-        self.terminals[t], self.valid[t], self.history[t] = terminals, valid, history
-        self.cursor, self.count = (t + 1) % self.rows, min(self.count + 1, self.rows)
+    def add(self, **row: np.ndarray):
+        """One row for every environment, one array per field: frames (N, 84, 84), the others (N,)."""
+        for name in self.FIELDS:
+            getattr(self, name)[self.cursor] = row[name]
+        self.cursor, self.count = (self.cursor + 1) % self.rows, min(self.count + 1, self.rows)
 
     def can_sample(self, n_step: int) -> bool:
         """A whole stack and its n-step successor are in memory."""
@@ -381,7 +302,7 @@ class FrameReplay:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """The rows written so far (for --checkpoint-replay)."""
-        state = {name: getattr(self, name)[: self.count] for name in self.ARRAYS}
+        state = {name: getattr(self, name)[: self.count] for name in self.FIELDS}
         return state | {"pointers": np.array([self.cursor, self.count, self.rows, self.num_envs])}
 
     def load_state_dict(self, state: dict[str, np.ndarray]):
@@ -389,7 +310,7 @@ class FrameReplay:
         if (rows, num_envs) != (self.rows, self.num_envs):
             raise ValueError(f"its replay memory has {rows:,} rows x {num_envs} envs, this run {self.rows:,} x "
                              f"{self.num_envs}; pass the original --buffer-size and --num-envs")  # fmt: skip
-        for name in self.ARRAYS:
+        for name in self.FIELDS:
             getattr(self, name)[:count] = state[name]
         self.cursor, self.count = cursor, count
         self.valid[(cursor - 1) % self.rows] = False  # the envs start new episodes: the last row has no successor
@@ -618,24 +539,25 @@ def load_balancing_loss(aux: dict, num_experts: int) -> torch.Tensor:
 
 
 class QNetwork(nn.Module):
-    """uint8 stacks (B, 4, 84, 84) / 255 -> encoder -> [Dense(512 k) + ReLU | tokens -> MoE -> flatten] -> Dense(A)."""
+    """uint8 stacks (B, 4, 84, 84) / 255 -> encoder -> [Dense(512 k) + ReLU | tokens -> MoE -> flatten] -> Dense(A).
+    Built from the Network options of `args` (and --bf16)."""
 
-    def __init__(self, num_actions: int, encoder="impala", moe="softmoe", num_experts=8, tokenization="perconv",
-                 expert_width=512, random_phi=False, moe_normalize=False, width_multiplier=1, bf16=False):  # fmt: skip
+    def __init__(self, num_actions: int, args: Args):
         super().__init__()
-        self.moe_kind, self.tokenization, self.bf16 = moe, tokenization, bf16
-        self.encoder = NatureEncoder() if encoder == "nature" else ImpalaEncoder()
+        self.moe_kind, self.tokenization, self.bf16 = args.moe, args.tokenization, args.bf16
+        self.encoder = NatureEncoder() if args.encoder == "nature" else ImpalaEncoder()
         with torch.no_grad():
             features = self.encoder(torch.zeros(1, STACK, *FRAME_SHAPE))  # (1, d, h, w)
-        if moe == "none":
-            self.dense = xavier_layer(nn.Linear(features[0].numel(), 512 * width_multiplier))
-            head_inputs = 512 * width_multiplier
+        if args.moe == "none":
+            self.dense = xavier_layer(nn.Linear(features[0].numel(), 512 * args.width_multiplier))
+            head_inputs = 512 * args.width_multiplier
         else:
-            num_tokens, dim = tokenize(features, tokenization).shape[1:]
-            if moe == "softmoe":
-                self.moe = SoftMoE(dim, num_tokens, num_experts, expert_width, random_phi, moe_normalize)
+            num_tokens, dim = tokenize(features, args.tokenization).shape[1:]
+            if args.moe == "softmoe":
+                self.moe = SoftMoE(dim, num_tokens, args.num_experts, args.expert_width, args.random_phi,
+                                   args.moe_normalize)  # fmt: skip
             else:
-                self.moe = Top1MoE(dim, num_tokens, num_experts, expert_width)
+                self.moe = Top1MoE(dim, num_tokens, args.num_experts, args.expert_width)
             head_inputs = num_tokens * dim  # the output tokens are flattened, no pooling
         self.head = xavier_layer(nn.Linear(head_inputs, num_actions))
 
@@ -657,21 +579,12 @@ def count_parameters(module: nn.Module) -> int:
 
 
 def build_network(args: Args, num_actions: int) -> QNetwork:
-    keys = ("encoder", "moe", "num_experts", "tokenization", "expert_width", "random_phi", "moe_normalize",
-            "width_multiplier", "bf16")  # fmt: skip
-    return QNetwork(num_actions, **{k: getattr(args, k) for k in keys})
+    return QNetwork(num_actions, args)
 
 
 def architecture(args: Args) -> dict:
-    """What a checkpoint must match to be loaded into this run's network."""
-    arch = {"env_id": args.env_id, "encoder": args.encoder, "moe": args.moe}
-    if args.moe == "none":
-        arch["width_multiplier"] = args.width_multiplier
-    else:
-        arch.update(num_experts=args.num_experts, tokenization=args.tokenization, expert_width=args.expert_width)
-    if args.moe == "softmoe":
-        arch.update(random_phi=args.random_phi, moe_normalize=args.moe_normalize)
-    return arch
+    """What a checkpoint must match to be loaded into this run's network: the game and the Network options."""
+    return {"env_id": args.env_id} | {f.name: getattr(args, f.name) for f in fields(Network)}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -704,8 +617,9 @@ def td_target(next_q: torch.Tensor, rewards: torch.Tensor, terminals: torch.Tens
 
 
 def dqn_loss(q_net, target_net, batch: dict, args: Args):
-    """mean (y - Q(s, a))^2 (+ the weighted load-balancing losses for top1). Returns the loss and its metrics, with the
-    per-sample loss and the network's activations (`aux`) that benchmark/moe_analysis.py measures."""
+    """mean (y - Q(s, a))^2 (+ the weighted load-balancing losses for top1). Returns the loss and its metrics: every
+    scalar in them is logged (losses/<name> in tensorboard, summary.json's "losses"); the per-sample loss and the
+    network's activations (`aux`) are for benchmark/moe_analysis.py."""
     with torch.no_grad():
         next_q = target_net(batch["next_states"])
         target = td_target(next_q, batch["rewards"], batch["terminals"], args.gamma**args.n_step)
@@ -713,9 +627,10 @@ def dqn_loss(q_net, target_net, batch: dict, args: Args):
     q_taken = q.gather(1, batch["actions"][:, None]).squeeze(1)
     per_sample = (target - q_taken) ** 2
     td_loss = per_sample.mean()
-    aux_loss = load_balancing_loss(aux, args.num_experts) if args.load_balance_coef > 0 else torch.zeros(())
-    metrics = {"td_loss": td_loss.detach(), "aux_loss": aux_loss.detach(), "q_values": q_taken.detach().mean()}
-    return td_loss + args.load_balance_coef * aux_loss, metrics | {"per_sample_loss": per_sample, "aux": aux}
+    load_balance_loss = load_balancing_loss(aux, args.num_experts) if args.load_balance_coef > 0 else torch.zeros(())
+    metrics = {"td_loss": td_loss.detach(), "load_balance_loss": load_balance_loss.detach(),
+               "q_values": q_taken.detach().mean()}  # fmt: skip
+    return td_loss + args.load_balance_coef * load_balance_loss, metrics | {"per_sample_loss": per_sample, "aux": aux}
 
 
 def make_optimizer(q_net, args: Args) -> torch.optim.Adam:
@@ -731,19 +646,18 @@ def make_optimizer(q_net, args: Args) -> torch.optim.Adam:
 
 def train_step(q_net, target_net, optimizer, batch: dict, args: Args) -> dict:
     """One update on a batch of tensors: the loss, backward, Adam. Returns the loss's metrics and, for a learned Phi,
-    the RMS of its gradient (to compare with Adam's eps)."""
+    the RMS of its gradient (to compare with Adam's eps) and its norm."""
     loss, metrics = dqn_loss(q_net, target_net, batch, args)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
     if (phi := getattr(getattr(q_net, "moe", None), "phi", None)) is not None:
-        metrics["phi_grad_rms"] = phi.grad.pow(2).mean().sqrt()
+        metrics |= {"phi_grad_rms": phi.grad.pow(2).mean().sqrt(), "phi_norm": phi.detach().norm()}
     return metrics
 
 
 def to_tensors(batch: dict, device) -> dict[str, torch.Tensor]:
-    keys = ("states", "next_states", "actions", "rewards", "terminals")
-    return {k: torch.from_numpy(batch[k]).to(device) for k in keys}
+    return {k: torch.from_numpy(v).to(device) for k, v in batch.items()}
 
 
 class GraphedUpdate:
@@ -838,8 +752,8 @@ def main(args: Args) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     rng = np.random.default_rng(args.seed)
-    rom = game_from_env_id(args.env_id)
-    envs = make_env(args, rom, args.num_envs)
+    rom = atari.game_from_env_id(args.env_id)
+    envs = atari.make_env(args.protocol, rom, args.num_envs, args.max_episode_frames)
     num_actions = int(envs.single_action_space.n)
     # channels_last kernels: the same maths, ~5% faster convolutions on CPU (oneDNN) and with cuDNN
     q_net = build_network(args, num_actions).to(device, memory_format=torch.channels_last)
@@ -866,9 +780,7 @@ def main(args: Args) -> dict:
     learn_from = global_step + (0 if ckpt and ckpt["replay_state"] is not None else args.learning_starts)
     updates_before, last_sync, metrics = updates, global_step, {}
     obs, info = envs.reset(seed=args.seed)
-    noop_steps = 30 if args.protocol == "atari100k" else 0
-    life_loss = args.protocol != "dopamine"
-    tracker = EpisodeTracker(args.num_envs, life_loss, args.truncation_is_terminal, info, noop_steps, rng)
+    tracker = atari.EpisodeTracker(args.num_envs, args.protocol, info, rng, args.truncation_is_terminal)
     with stop_signals() as stopped:
         while global_step < args.total_timesteps and not stopped():
             epsilon = epsilon_schedule(global_step, args.epsilon_decay_steps, args.learning_starts, args.end_e)
@@ -888,7 +800,8 @@ def main(args: Args) -> dict:
             next_obs, rewards, terminated, truncated, info = envs.recv()
             step = tracker.step(rewards, terminated, truncated, info)
             clipped = np.clip(rewards, -1, 1)  # Dopamine's runner clips before the agent stores; returns stay scores
-            replay.add(obs[:, -1], actions, clipped, step.terminal, step.valid, step.history)
+            replay.add(frames=obs[:, -1], actions=actions, rewards=clipped, terminals=step.terminal, valid=step.valid,
+                       history=step.history)  # fmt: skip
             global_step += int(step.acted.sum())
             obs = tracker.agent_view(next_obs)
             run.log_step(global_step, step.finished, next_obs, epsilon, updates, metrics)
@@ -903,8 +816,8 @@ class Run:
     """Everything a run writes, and the timers that decide when."""
 
     def __init__(self, args, rom, q_net, target_net, optimizer, replay, rng, device, global_step, updates, episodes):
-        self.args, self.rom, self.game, self.q_net, self.target_net = args, rom, camel_name(rom), q_net, target_net
-        self.optimizer, self.replay, self.rng, self.episodes = optimizer, replay, rng, episodes
+        self.args, self.rom, self.game, self.episodes, self.losses = args, rom, atari.camel_name(rom), episodes, {}
+        self.q_net, self.target_net, self.optimizer, self.replay, self.rng = q_net, target_net, optimizer, replay, rng
         self.start_step = self.last_step = global_step
         self.start_updates, self.learning_since = updates, None  # (time, step) of this segment's first update
         self.t_start = self.t_log = self.t_write = time.time()
@@ -932,11 +845,11 @@ class Run:
               f"{args.num_envs} env(s), {args.protocol} protocol, replay {replay.rows * replay.num_envs:,} transitions "
               f"({replay.nbytes / 1e9:.2f} GB), device {device}{resumed}")  # fmt: skip
         self.summary = dict(
-            args=asdict(args), run_name=self.run_name, device=str(device), game=self.game, start_step=global_step,
-            num_parameters=sum(parts.values()), parameters_by_part=parts, replay_bytes=replay.nbytes,
-            replay_bytes_per_transition=replay.BYTES_PER_TRANSITION,
+            args=asdict(args), run_name=self.run_name, code=code_version(), device=str(device), game=self.game,
+            start_step=global_step, num_parameters=sum(parts.values()), parameters_by_part=parts,
+            replay_bytes=replay.nbytes, replay_bytes_per_transition=replay.BYTES_PER_TRANSITION,
         )  # fmt: skip
-        self.video = EpisodeVideo(os.path.join(self.run_dir, "videos")) if args.capture_video else None
+        self.video = atari.EpisodeVideo(os.path.join(self.run_dir, "videos")) if args.capture_video else None
 
     def log_step(self, global_step, finished, next_obs, epsilon, updates, metrics):
         """Episode returns, the per-iteration score, video frames, the progress line and the periodic outputs."""
@@ -958,14 +871,14 @@ class Run:
             sps = (global_step - self.start_step) / (now - self.t_start)
             t0, step0 = self.learning_since or (now, global_step)
             learning_sps = (global_step - step0) / (now - t0) if now - t0 >= args.log_every_seconds else 0.0
-            for k in ("td_loss", "aux_loss", "q_values", "phi_grad_rms"):
-                if k in metrics:
-                    writer.add_scalar(f"losses/{k}", float(metrics[k]), global_step)
+            self.losses = {k: float(v) for k, v in metrics.items() if torch.is_tensor(v) and v.dim() == 0}
+            for k, v in self.losses.items():  # every scalar of the loss's metrics
+                writer.add_scalar(f"losses/{k}", v, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             writer.add_scalar("charts/epsilon", epsilon, global_step)
             last = [r for _, r, _ in self.episodes[-100:]]
             mean = f"{np.mean(last):.1f}" if last else "-"
-            loss = f" | td loss {float(metrics['td_loss']):.4f}" if metrics else ""
+            loss = f" | td loss {self.losses['td_loss']:.4f}" if self.losses else ""
             print(f"step {global_step:,}/{args.total_timesteps:,} | {sps:,.0f} steps/s | updates {updates:,} | "
                   f"episodes {len(self.episodes):,} | mean return (last 100) {mean} | epsilon {epsilon:.3f}{loss} | "
                   f"{eta(args.total_timesteps - global_step, learning_sps, sps)}", flush=True)  # fmt: skip
@@ -983,9 +896,9 @@ class Run:
         self.summary.update(
             complete=complete, global_step=global_step, updates=updates, episodes=len(episodes), wall_time=elapsed,
             sps=(global_step - self.start_step) / max(elapsed, 1e-9), mean_return_last_100=mean_return,
-            episodes_in_mean=len(last), human_normalized_score=human_normalized(mean_return, self.rom),
-            random_human_scores=RANDOM_HUMAN_SCORES.get(self.game), iteration_returns=iterations,
-            last_iteration_mean_return=iterations[-1]["mean_return"] if iterations else None,
+            episodes_in_mean=len(last), human_normalized_score=atari.human_normalized(mean_return, self.rom),
+            random_human_scores=atari.RANDOM_HUMAN_SCORES.get(self.game), iteration_returns=iterations,
+            last_iteration_mean_return=iterations[-1]["mean_return"] if iterations else None, losses=self.losses,
         )  # fmt: skip
         with open(os.path.join(self.run_dir, "episodes.csv"), "w", newline="") as f:
             csv.writer(f).writerows([("global_step", "return", "length"), *episodes])
@@ -1106,7 +1019,7 @@ def load_replay(checkpoint_path: str, name: str) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as data:
             state = {k: data[k] for k in data.files}
-        if missing := sorted({*FrameReplay.ARRAYS, "pointers"} - set(state)):
+        if missing := sorted({*FrameReplay.FIELDS, "pointers"} - set(state)):
             raise ValueError(f"no {', '.join(missing)} array")
     except FileNotFoundError:
         raise ValueError(
@@ -1120,84 +1033,10 @@ def load_replay(checkpoint_path: str, name: str) -> dict[str, np.ndarray]:
     return state
 
 
-class EpisodeVideo:
-    """What the agent sees in env 0 (84x84 frames shown at 168x168) as mp4, for episodes 0, 1, 8, 27, ..., 729, 1000,
-    2000, ... (gymnasium's capped cubic schedule)."""
-
-    def __init__(self, folder: str):
-        os.makedirs(folder, exist_ok=True)
-        self.folder, self.episode, self.frames = folder, 0, []
-
-    @staticmethod
-    def wanted(episode: int) -> bool:
-        return round(episode ** (1 / 3)) ** 3 == episode if episode < 1000 else episode % 1000 == 0
-
-    def add(self, frame: np.ndarray, finished_envs: list[int]):
-        if self.wanted(self.episode):
-            self.frames.append(frame.copy())
-        if 0 in finished_envs:
-            if self.frames:
-                from moviepy import ImageSequenceClip
-
-                rgb = [np.repeat(np.kron(f, np.ones((2, 2), dtype=np.uint8))[..., None], 3, -1) for f in self.frames]
-                path = os.path.join(self.folder, f"episode-{self.episode}.mp4")
-                ImageSequenceClip(rgb, fps=15).write_videofile(path, logger=None)
-            self.episode, self.frames = self.episode + 1, []
-
-
 # ======================================================================================================================
 # Shared helpers: byte-identical in dqn_softmoe.py, rainbow_softmoe.py and cql_softmoe.py (a test checks), so that a
 # diff between the scripts shows the algorithms
 # ======================================================================================================================
-# Standard no-op-start random / human reference scores (benchmark/atari_scores.csv: the rliable / DQN Zoo / Dopamine
-# table), for the human-normalised score (score - random) / (human - random).
-RANDOM_HUMAN_SCORES = {
-    "Alien": (227.8, 7127.7), "Amidar": (5.8, 1719.5), "Assault": (222.4, 742.0), "Asterix": (210.0, 8503.3),
-    "Asteroids": (719.1, 47388.7), "Atlantis": (12850.0, 29028.1), "BankHeist": (14.2, 753.1),
-    "BattleZone": (2360.0, 37187.5), "BeamRider": (363.9, 16926.5), "Berzerk": (123.7, 2630.4),
-    "Bowling": (23.1, 160.7), "Boxing": (0.1, 12.1), "Breakout": (1.7, 30.5), "Centipede": (2090.9, 12017.0),
-    "ChopperCommand": (811.0, 7387.8), "CrazyClimber": (10780.5, 35829.4), "Defender": (2874.5, 18688.9),
-    "DemonAttack": (152.1, 1971.0), "DoubleDunk": (-18.6, -16.4), "Enduro": (0.0, 860.5),
-    "FishingDerby": (-91.7, -38.7), "Freeway": (0.0, 29.6), "Frostbite": (65.2, 4334.7), "Gopher": (257.6, 2412.5),
-    "Gravitar": (173.0, 3351.4), "Hero": (1027.0, 30826.4), "IceHockey": (-11.2, 0.9), "Jamesbond": (29.0, 302.8),
-    "Kangaroo": (52.0, 3035.0), "Krull": (1598.0, 2665.5), "KungFuMaster": (258.5, 22736.3),
-    "MontezumaRevenge": (0.0, 4753.3), "MsPacman": (307.3, 6951.6), "NameThisGame": (2292.3, 8049.0),
-    "Phoenix": (761.4, 7242.6), "Pitfall": (-229.4, 6463.7), "Pong": (-20.7, 14.6), "PrivateEye": (24.9, 69571.3),
-    "Qbert": (163.9, 13455.0), "Riverraid": (1338.5, 17118.0), "RoadRunner": (11.5, 7845.0), "Robotank": (2.2, 11.9),
-    "Seaquest": (68.4, 42054.7), "Skiing": (-17098.1, -4336.9), "Solaris": (1236.3, 12326.7),
-    "SpaceInvaders": (148.0, 1668.7), "StarGunner": (664.0, 10250.0), "Surround": (-10.0, 6.5),
-    "Tennis": (-23.8, -8.3), "TimePilot": (3568.0, 5229.2), "Tutankham": (11.4, 167.6), "UpNDown": (533.4, 11693.2),
-    "Venture": (0.0, 1187.5), "VideoPinball": (0.0, 17667.9), "WizardOfWor": (563.5, 4756.5),
-    "YarsRevenge": (3092.9, 54576.9), "Zaxxon": (32.5, 9173.3),
-}  # fmt: skip
-
-
-def camel_name(rom: str) -> str:
-    """'ms_pacman' -> 'MsPacman' (Gymnasium's spelling of ROM names)."""
-    return "".join(part.capitalize() for part in rom.split("_"))
-
-
-def game_from_env_id(env_id: str) -> str | None:
-    """'ALE/MsPacman-v5' -> the ROM name 'ms_pacman', or None when no ROM has that name."""
-    match = re.fullmatch(r"ALE/([A-Za-z0-9]+)-v5", env_id)
-    roms = {rom.replace("_", ""): rom for rom in ale_py.roms.get_all_rom_ids()}
-    return roms.get(match.group(1).lower()) if match else None
-
-
-def unknown_env_message(env_id: str) -> str:
-    names = {camel_name(rom).lower(): camel_name(rom) for rom in ale_py.roms.get_all_rom_ids()}
-    asked = re.sub(r"^(ALE/)?|(NoFrameskip)?(-v\d+)?$", "", env_id).lower()
-    close = difflib.get_close_matches(asked, list(names), n=3, cutoff=0.5)
-    hint = ", ".join(f"ALE/{names[c]}-v5" for c in close) if close else "ALE/<Game>-v5 such as ALE/Pong-v5"
-    return f"unknown --env-id {env_id!r}; closest valid ids: {hint}"
-
-
-def human_normalized(score: float | None, rom: str) -> float | None:
-    """(score - random) / (human - random), or None without a score or for the games without reference scores."""
-    ref = RANDOM_HUMAN_SCORES.get(camel_name(rom))
-    return None if ref is None or score is None or not math.isfinite(score) else (score - ref[0]) / (ref[1] - ref[0])
-
-
 class stop_signals:
     """`with stop_signals() as stopped:` SIGINT and SIGTERM (even when a background shell ignored SIGINT) end the loop
     at the next `stopped()` check, so that the summary and the checkpoint are written; the old handlers come back."""
@@ -1236,10 +1075,9 @@ def load_checkpoint(path: str, args) -> dict:
         if script == SCRIPT:
             raise ValueError(f"--resume {path!r} has the format {found} of an older {SCRIPT}.py, not {SCRIPT}/2")
         raise ValueError(f"--resume {path!r} is not a {SCRIPT} checkpoint" + (f" but a {script} one" if script else ""))
+    # every option the checkpoint records must match (an older script's checkpoint records only what its network used)
     want, have = architecture(args), ckpt["architecture"]
-    if want != have:
-        diff = [f"{k}: checkpoint {have.get(k)} vs requested {want.get(k)}" for k in sorted({*want, *have})
-                if want.get(k) != have.get(k)]  # fmt: skip
+    if diff := [f"{k}: checkpoint {v} vs requested {want.get(k)}" for k, v in sorted(have.items()) if want.get(k) != v]:
         raise ValueError(f"--resume {path!r} holds another architecture ({', '.join(diff)}); pass matching flags")
     return ckpt
 

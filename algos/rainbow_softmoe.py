@@ -30,21 +30,18 @@ Every flag, output and difference from the paper: docs/rainbow_softmoe.md. Fig. 
 from __future__ import annotations
 
 import csv
-import difflib
 import importlib.util
 import json
 import math
 import os
 import random
-import re
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, Literal
 
-import ale_py
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -53,15 +50,49 @@ from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs import code_version  # noqa: E402
+from envs import atari, code_version  # noqa: E402  (the Atari protocol the MoE scripts share)
+from envs.atari import FRAME_SHAPE, STACK  # noqa: E402
 
 SCRIPT = Path(__file__).stem  # names the experiment, the checkpoint file and its format
-FRAME_SHAPE = (84, 84)
-STACK = 4
 
 
 @dataclass
-class Args:
+class Network:
+    """The network's options: QNetwork is built from them, and a checkpoint records them as its architecture."""
+
+    encoder: Literal["impala", "nature"] = "impala"
+    """impala: 3 ResNet stacks 16/32/32 (the paper's main encoder); nature: 3 convs 32/64/64 (Fig. 7)"""
+    impala_kernel: Literal[3, 4, 6] = 3
+    """filter size of every Impala convolution (App. D, Fig. 18: 3 is the default, 4 and 6 the scaled variants)"""
+    moe: Literal["softmoe", "top1", "none"] = "softmoe"
+    """what replaces the penultimate dense layer: Soft MoE, Top1-MoE, or none (the dense 512-unit baseline)"""
+    num_experts: int | None = None
+    """experts n (default 8)"""
+    tokenization: Literal["perconv", "perfeat", "persamp"] | None = None
+    """how the encoder output becomes tokens (default perconv; Fig. 6)"""
+    expert_width: int | None = None
+    """hidden units of each expert (default 512; Fig. 5 uses 512 / n)"""
+    random_phi: bool = False
+    """softmoe: redraw Phi from N(0, 1) at every forward call instead of learning it (Fig. 8)"""
+    moe_normalize: bool = False
+    """softmoe: l2-normalise the tokens and the columns of Phi, times a learned scalar, for the logits (Fig. 13)"""
+    width_multiplier: int = 1
+    """none: widen the penultimate dense layer to 512 x k units (the scaled baseline of Fig. 1)"""
+    num_atoms: int = 51
+    """atoms N of the C51 return distribution; 1 = a scalar Q with the Huber loss (distributional=False)"""
+    v_min: float = -10.0
+    """lowest atom of the support (-vmax)"""
+    v_max: float = 10.0
+    """highest atom of the support (vmax)"""
+    noisy: bool = True
+    """factorised NoisyNets in the dense hidden layer or the experts' first layer, and the heads; --no-noisy explores
+    epsilon-greedily"""
+    dueling: bool = True
+    """dueling heads: logits = V + A - mean_a A"""
+
+
+@dataclass
+class Args(Network):
     # --- experiment ---
     preset: Literal["full-rainbow", "der", "drq-eps"] = "full-rainbow"
     """full-rainbow (full_rainbow.gin: the defaults below), der (DER.gin) or drq-eps (DrQ_eps.gin): the defaults of
@@ -76,6 +107,8 @@ class Args:
     """torch.backends.cudnn.deterministic"""
     cuda_graph: bool = False
     """GPU only: record the update and the acting pass once as CUDA graphs and replay them (fewer kernel launches)"""
+    bf16: bool = False
+    """run the encoder in bfloat16 autocast; the MoE, the head and the loss stay float32"""
     track: bool = False
     """log to Weights & Biases (needs `pip install wandb`)"""
     wandb_project_name: str = "softmoe-deep-rl"
@@ -138,17 +171,8 @@ class Args:
     """final exploration rate epsilon (epsilon_train); only with --no-noisy (NoisyNets explore with epsilon 0)"""
     epsilon_decay_steps: int = 250_000
     """agent steps over which epsilon falls linearly from 1 to --end-e after --learning-starts (epsilon_decay_period)"""
-    num_atoms: int = 51
-    """atoms N of the C51 return distribution; 1 = a scalar Q with the Huber loss (distributional=False)"""
-    v_min: float = -10.0
-    """lowest atom of the support (-vmax)"""
-    v_max: float = 10.0
-    """highest atom of the support (vmax)"""
-    noisy: bool = True
-    """factorised NoisyNets in the dense hidden layer or the experts' first layer, and the heads; --no-noisy explores
-    epsilon-greedily"""
-    dueling: bool = True
-    """dueling heads: logits = V + A - mean_a A"""
+    load_balance_coef: float = 0.0
+    """top1: weight of the importance and load losses added to the TD loss (0 = off, the reference's default)"""
     double: bool = True
     """double DQN: the online network picks a* at s_{t+n}, the target network evaluates it"""
     uniform_replay: bool = False
@@ -157,30 +181,6 @@ class Args:
     """Dopamine's plain Rainbow (rainbow_agent.py: C51, n-step, prioritised replay): noisy, dueling and double off"""
     data_augmentation: bool = False
     """DrQ: each sampled state and next state edge-padded by 4, randomly cropped to 84x84, intensity x (1 + 0.05 N)"""
-
-    # --- network ---
-    encoder: Literal["impala", "nature"] = "impala"
-    """impala: 3 ResNet stacks 16/32/32 (the paper's main encoder); nature: 3 convs 32/64/64 (Fig. 7)"""
-    impala_kernel: Literal[3, 4, 6] = 3
-    """filter size of every Impala convolution (App. D, Fig. 18: 3 is the default, 4 and 6 the scaled variants)"""
-    moe: Literal["softmoe", "top1", "none"] = "softmoe"
-    """what replaces the penultimate dense layer: Soft MoE, Top1-MoE, or none (the dense 512-unit baseline)"""
-    num_experts: int | None = None
-    """experts n (default 8)"""
-    tokenization: Literal["perconv", "perfeat", "persamp"] | None = None
-    """how the encoder output becomes tokens (default perconv; Fig. 6)"""
-    expert_width: int | None = None
-    """hidden units of each expert (default 512; Fig. 5 uses 512 / n)"""
-    random_phi: bool = False
-    """softmoe: redraw Phi from N(0, 1) at every forward call instead of learning it (Fig. 8)"""
-    moe_normalize: bool = False
-    """softmoe: l2-normalise the tokens and the columns of Phi, times a learned scalar, for the logits (Fig. 13)"""
-    width_multiplier: int = 1
-    """none: widen the penultimate dense layer to 512 x k units (the scaled baseline of Fig. 1)"""
-    load_balance_coef: float = 0.0
-    """top1: weight of the importance and load losses added to the TD loss (0 = off, the reference's default)"""
-    bf16: bool = False
-    """run the encoder in bfloat16 autocast; the MoE, the head and the loss stay float32"""
 
     # --- evaluation (Atari 100k: Dopamine's DataEfficientAtariRunner) ---
     eval_episodes: int = 0
@@ -197,9 +197,10 @@ class Args:
     one every 250k steps; a snapshot is twice the network's size); 0 = never"""
 
 
-# What each preset changes from the full-Rainbow defaults (softmoe_dopamine.md §5.3-5.4, atari_protocol.md §2); both
-# keep the defaults' network, that of Fig. 12 (Impala, 8 experts; a 50M-step figure: the paper's 100k statement is text
-# only and names no network); the shipped DER.gin has --encoder nature --num-experts 4
+# What each preset changes from the full-Rainbow defaults (dopamine/labs/moes/configs/DER.gin; DrQ(eps) has no MoE
+# gin file, so dopamine/labs/atari_100k/configs/DrQ_eps.gin; the 100k protocol: dopamine/labs/atari_100k/
+# atari_100k_runner.py); both keep the defaults' network, that of Fig. 12 (Impala, 8 experts; a 50M-step figure: the
+# paper's 100k statement is text only and names no network); the shipped DER.gin has --encoder nature --num-experts 4
 ATARI_100K = dict(
     protocol="atari100k", total_timesteps=100_000, iteration_steps=10_000, learning_starts=1600, learning_rate=1e-4,
     adam_eps=1.5e-4, replay_ratio=1.0, eval_episodes=100,  # update_period 1; 10 iterations of 10k, then 100 episodes
@@ -256,7 +257,7 @@ def validate(args: Args) -> str | None:
     memory = rows * envs * FrameReplay.BYTES_PER_TRANSITION
     available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     checks = [
-        (game_from_env_id(args.env_id) is None, unknown_env_message(args.env_id)),
+        (atari.game_from_env_id(args.env_id) is None, atari.unknown_env_message(args.env_id)),
         (not moe and args.num_experts is not None, f"--num-experts {dense}"),
         (not moe and args.tokenization is not None, f"--tokenization {dense}"),
         (not moe and args.expert_width is not None, "--expert-width needs an MoE; widen the --moe none baseline with "
@@ -303,87 +304,6 @@ def validate(args: Args) -> str | None:
          "--capture-video needs moviepy; `pip install moviepy` or drop --capture-video"),
     ]  # fmt: skip
     return next((message for failed, message in checks if failed), None)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Environment: ale_py's vector env, and the bookkeeping of its NEXT_STEP autoreset
-# ----------------------------------------------------------------------------------------------------------------------
-def make_env(args: Args, rom: str, num_envs: int):
-    """Frame skip 4 with max-pool, 84x84 grayscale, 4-frame stacks (zero before the episode's first frame), unclipped
-    rewards. No-op starts: 0-29 emulator frames under `nature`; 0-29 agent steps under `atari100k` (EpisodeTracker).
-    A lost life is `terminated` under `nature` and `atari100k`, but the game goes on (no reset). The step that loses
-    a life plays all 4 frames (Dopamine's preprocessing stops at the lost life's frame): up to 3 frames more."""
-    return ale_py.AtariVectorEnv(
-        rom, num_envs, num_threads=min(num_envs, os.cpu_count() or 1), frameskip=4, maxpool=True, grayscale=True,
-        img_height=FRAME_SHAPE[0], img_width=FRAME_SHAPE[1], stack_num=STACK, full_action_space=False,
-        repeat_action_probability=0.25 if args.protocol == "dopamine" else 0.0, reward_clipping=False,
-        noop_max=30 if args.protocol == "nature" else 0, life_loss_info=args.protocol != "dopamine",
-        episodic_life=False, use_fire_reset=False, max_num_frames_per_episode=args.max_episode_frames,
-    )  # fmt: skip
-
-
-class Step(NamedTuple):
-    acted: np.ndarray  # (N,) the env took the agent's action (False on ale_py's reset step and on no-op starts)
-    terminal: np.ndarray  # (N,) s_{t+1} is terminal for learning
-    valid: np.ndarray  # (N,) acted, and not cut by the time limit: a transition that may be learned from
-    history: np.ndarray  # (N,) earlier frames of the same stack in o_t, capped at 3
-    finished: list  # [(env, return, length)] of the episodes that ended
-
-
-class EpisodeTracker:
-    """After a step that ends an episode, ale_py's next step is a reset step: its action is ignored and it returns the
-    first observation of a new episode, so it is neither learned from nor counted (recognised from the previous step's
-    flags and, as a safeguard, the episode frame counter going backwards). With a life-loss protocol a lost life is
-    terminal for learning and the agent starts a new stack, while the game and its return go on. With `noop_steps`
-    (Atari 100k) every episode starts with k ~ U{0, ..., noop_steps - 1} agent steps of action 0 (`actions`) that are
-    neither learned from, counted nor scored; the first stack starts after them (DataEfficientAtariRunner)."""
-
-    def __init__(self, num_envs, life_loss_terminal, truncation_is_terminal, info, noop_steps=0, rng=None):
-        self.noop_steps, self.rng = noop_steps, rng
-        self.noops = self.rng.integers(0, noop_steps, num_envs) if noop_steps else np.zeros(num_envs, dtype=np.int64)
-        self.life_loss_terminal, self.truncation_is_terminal = life_loss_terminal, truncation_is_terminal
-        self.reset_next = np.zeros(num_envs, dtype=bool)
-        self.stack_steps = np.zeros(num_envs, dtype=np.int64)  # agent steps since the current stack began
-        self.lives = np.asarray(info["lives"]).copy()
-        self.frame_number = np.asarray(info["episode_frame_number"]).copy()
-        self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
-
-    def actions(self, actions: np.ndarray) -> np.ndarray:
-        """What the envs are sent: action 0 where an episode's no-op start is still under way."""
-        return np.where(self.noops > 0, 0, actions).astype(actions.dtype)
-
-    def step(self, rewards, terminated, truncated, info) -> Step:
-        frame_number, lives = np.asarray(info["episode_frame_number"]), np.asarray(info["lives"])
-        reset_step = self.reset_next | (frame_number < self.frame_number)
-        finished = [(k, self.returns[k], self.lengths[k]) for k in np.flatnonzero(reset_step & ~self.reset_next)]
-        noop = ~reset_step & (self.noops > 0)
-        acted = ~reset_step & ~noop
-        life_lost = (lives < self.lives) & (lives > 0)
-        terminal = acted & (terminated | (truncated & self.truncation_is_terminal))
-        cut = acted & truncated & ~terminated & (not self.truncation_is_terminal)  # the time limit, not the game
-        episode_over = acted & (truncated | (terminated & ~(self.life_loss_terminal & life_lost)))
-        history = np.minimum(self.stack_steps, STACK - 1)
-        self.returns += np.where(acted, rewards, 0)
-        self.lengths += acted
-        finished += [(k, self.returns[k], self.lengths[k]) for k in np.flatnonzero(episode_over)]
-        for k, _, _ in finished:
-            self.returns[k], self.lengths[k] = 0.0, 0
-        new_stack = reset_step | noop | (terminal & ~episode_over)  # a new episode, or a lost life that is terminal
-        self.stack_steps = np.where(new_stack, 0, self.stack_steps + 1)
-        self.reset_next = episode_over | (noop & (truncated | (terminated & ~life_lost)))
-        self.noops -= noop
-        if self.noop_steps and reset_step.any():
-            self.noops[reset_step] = self.rng.integers(0, self.noop_steps, int(reset_step.sum()))
-        self.lives, self.frame_number = lives.copy(), frame_number.copy()
-        finished = [(int(k), float(r), int(n)) for k, r, n in finished]
-        return Step(acted, terminal, acted & ~cut, history, finished)
-
-    def agent_view(self, obs: np.ndarray) -> np.ndarray:
-        """The stacks the agent sees: ale_py's, with the frames from before a terminal lost life zeroed."""
-        if not self.life_loss_terminal or self.stack_steps.min() >= STACK - 1:
-            return obs
-        keep = (STACK - 1 - np.arange(STACK))[None, :] <= self.stack_steps[:, None]  # (N, 4)
-        return obs * keep[:, :, None, None].astype(np.uint8)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -445,31 +365,30 @@ class FrameReplay:
     priority in a SumTree: a new row gets the largest priority recorded so far (0 if not valid), and the learner sets
     p = sqrt(loss + 1e-10) after each update."""
 
-    BYTES_PER_TRANSITION = FRAME_SHAPE[0] * FRAME_SHAPE[1] + 1 + 4 + 1 + 1 + 1  # frame, action, reward, 3 flags
-    ARRAYS = ("frames", "actions", "rewards", "terminals", "valid", "history")
+    # what a row holds, name: (dtype, shape of one env's entry); the arrays, add, the checkpoint files derive from it
+    FIELDS = {"frames": (np.uint8, FRAME_SHAPE), "actions": (np.uint8, ()), "rewards": (np.float32, ()),
+              "terminals": (bool, ()), "valid": (bool, ()), "history": (np.uint8, ())}  # fmt: skip
+    BYTES_PER_TRANSITION = sum(np.dtype(dtype).itemsize * math.prod(shape) for dtype, shape in FIELDS.values())
 
     def __init__(self, capacity: int, num_envs: int, prioritized: bool = False):
         self.rows, self.num_envs = -(-capacity // num_envs), num_envs
         self.tree = SumTree(self.rows * num_envs) if prioritized else None
-        shape = (self.rows, num_envs)
-        self.frames = np.zeros(shape + FRAME_SHAPE, dtype=np.uint8)  # pages are only touched when written
-        self.actions, self.rewards = np.zeros(shape, dtype=np.uint8), np.zeros(shape, dtype=np.float32)
-        self.terminals, self.valid = np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool)
-        self.history = np.zeros(shape, dtype=np.uint8)
+        for name, (dtype, shape) in self.FIELDS.items():  # pages are only touched when written
+            setattr(self, name, np.zeros((self.rows, num_envs, *shape), dtype=dtype))
         self.cursor, self.count = 0, 0  # the next row to write, the rows written (at most self.rows)
 
     @property
     def nbytes(self) -> int:
-        return sum(getattr(self, name).nbytes for name in self.ARRAYS)
+        return sum(getattr(self, name).nbytes for name in self.FIELDS)
 
-    def add(self, frames, actions, rewards, terminals, valid, history):
-        """One row for every environment: frames (N, 84, 84), the others (N,)."""
-        t = self.cursor
-        self.frames[t], self.actions[t], self.rewards[t] = frames, actions, rewards
-        self.terminals[t], self.valid[t], self.history[t] = terminals, valid, history
+    def add(self, **row: np.ndarray):
+        """One row for every environment, one array per field: frames (N, 84, 84), the others (N,)."""
+        for name in self.FIELDS:
+            getattr(self, name)[self.cursor] = row[name]
         if self.tree is not None:
-            self.tree.set(t * self.num_envs + np.arange(self.num_envs), np.where(valid, self.tree.max_recorded, 0.0))
-        self.cursor, self.count = (t + 1) % self.rows, min(self.count + 1, self.rows)
+            slots = self.cursor * self.num_envs + np.arange(self.num_envs)
+            self.tree.set(slots, np.where(row["valid"], self.tree.max_recorded, 0.0))
+        self.cursor, self.count = (self.cursor + 1) % self.rows, min(self.count + 1, self.rows)
 
     def can_sample(self, n_step: int) -> bool:
         """A whole stack and its n-step successor are in memory."""
@@ -550,7 +469,7 @@ class FrameReplay:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """The rows written so far and the priorities (for --checkpoint-replay)."""
-        state = {name: getattr(self, name)[: self.count] for name in self.ARRAYS}
+        state = {name: getattr(self, name)[: self.count] for name in self.FIELDS}
         if self.tree is not None:
             state |= {"priorities": self.tree.get(np.arange(self.rows * self.num_envs)),
                       "max_priority": np.array(self.tree.max_recorded)}  # fmt: skip
@@ -563,7 +482,7 @@ class FrameReplay:
                              f"{self.num_envs}; pass the original --buffer-size and --num-envs")  # fmt: skip
         if self.tree is not None and "priorities" not in state:
             raise ValueError("its replay memory holds no priorities (it was sampled uniformly); add --uniform-replay")
-        for name in self.ARRAYS:
+        for name in self.FIELDS:
             getattr(self, name)[:count] = state[name]
         self.cursor, self.count = cursor, count
         self.valid[(cursor - 1) % self.rows] = False  # the envs start new episodes: the last row has no successor
@@ -856,33 +775,33 @@ def load_balancing_loss(aux: dict, num_experts: int) -> torch.Tensor:
 class QNetwork(nn.Module):
     """uint8 stacks (B, 4, 84, 84) / 255 -> encoder -> [Dense(512 k) + ReLU | tokens -> MoE -> flatten] -> dueling heads
     V (N) and A (A x N) -> logits (B, A, N) = V + A - mean_a A -> Q = sum_i z_i softmax(logits)_i (the single logit
-    when N = 1). The dense layers are NoisyNet layers with `noisy`."""
+    when N = 1). The dense layers are NoisyNet layers with `noisy`. Built from the Network options of `args` (and
+    --bf16)."""
 
-    def __init__(self, num_actions: int, encoder="impala", moe="softmoe", num_experts=8, tokenization="perconv",
-                 expert_width=512, random_phi=False, moe_normalize=False, width_multiplier=1, bf16=False, num_atoms=51,
-                 v_min=-10.0, v_max=10.0, noisy=True, dueling=True, impala_kernel=3):  # fmt: skip
+    def __init__(self, num_actions: int, args: Args):
         super().__init__()
-        self.moe_kind, self.tokenization, self.bf16 = moe, tokenization, bf16
-        self.num_actions, self.num_atoms, self.dueling = num_actions, num_atoms, dueling
-        self.encoder = NatureEncoder() if encoder == "nature" else ImpalaEncoder(kernel=impala_kernel)
+        self.moe_kind, self.tokenization, self.bf16 = args.moe, args.tokenization, args.bf16
+        self.num_actions, self.num_atoms, self.dueling, noisy = num_actions, args.num_atoms, args.dueling, args.noisy
+        self.encoder = NatureEncoder() if args.encoder == "nature" else ImpalaEncoder(kernel=args.impala_kernel)
         with torch.no_grad():
             features = self.encoder(torch.zeros(1, STACK, *FRAME_SHAPE))  # (1, d, h, w)
-        if moe == "none":
-            self.dense = dense_layer(features[0].numel(), 512 * width_multiplier, noisy)
-            head_inputs = 512 * width_multiplier
+        if args.moe == "none":
+            self.dense = dense_layer(features[0].numel(), 512 * args.width_multiplier, noisy)
+            head_inputs = 512 * args.width_multiplier
         else:
-            num_tokens, dim = tokenize(features, tokenization).shape[1:]
-            if moe == "softmoe":
-                self.moe = SoftMoE(dim, num_tokens, num_experts, expert_width, random_phi, moe_normalize, noisy)
+            num_tokens, dim = tokenize(features, args.tokenization).shape[1:]
+            if args.moe == "softmoe":
+                self.moe = SoftMoE(dim, num_tokens, args.num_experts, args.expert_width, args.random_phi,
+                                   args.moe_normalize, noisy)  # fmt: skip
             else:
-                self.moe = Top1MoE(dim, num_tokens, num_experts, expert_width, noisy)
+                self.moe = Top1MoE(dim, num_tokens, args.num_experts, args.expert_width, noisy)
             head_inputs = num_tokens * dim  # the output tokens are flattened, no pooling
-        if dueling:
-            self.value = dense_layer(head_inputs, num_atoms, noisy)
-            self.advantage = dense_layer(head_inputs, num_actions * num_atoms, noisy)
+        if self.dueling:
+            self.value = dense_layer(head_inputs, self.num_atoms, noisy)
+            self.advantage = dense_layer(head_inputs, num_actions * self.num_atoms, noisy)
         else:
-            self.head = dense_layer(head_inputs, num_actions * num_atoms, noisy)
-        self.register_buffer("support", torch.linspace(v_min, v_max, num_atoms))  # z_i
+            self.head = dense_layer(head_inputs, num_actions * self.num_atoms, noisy)
+        self.register_buffer("support", torch.linspace(args.v_min, args.v_max, self.num_atoms))  # z_i
 
     def forward(self, x: torch.Tensor, return_aux: bool = False):
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):  # --bf16: the convolutions
@@ -909,26 +828,12 @@ def count_parameters(module: nn.Module) -> int:
 
 
 def build_network(args: Args, num_actions: int) -> QNetwork:
-    keys = ("encoder", "moe", "num_experts", "tokenization", "expert_width", "random_phi", "moe_normalize",
-            "width_multiplier", "bf16", "num_atoms", "v_min", "v_max", "noisy", "dueling", "impala_kernel")  # fmt: skip
-    return QNetwork(num_actions, **{k: getattr(args, k) for k in keys})
+    return QNetwork(num_actions, args)
 
 
 def architecture(args: Args) -> dict:
-    """What a checkpoint must match to be loaded into this run's network."""
-    arch = {"env_id": args.env_id, "encoder": args.encoder, "moe": args.moe}
-    if args.moe == "none":
-        arch["width_multiplier"] = args.width_multiplier
-    else:
-        arch.update(num_experts=args.num_experts, tokenization=args.tokenization, expert_width=args.expert_width)
-    if args.moe == "softmoe":
-        arch.update(random_phi=args.random_phi, moe_normalize=args.moe_normalize)
-    if args.encoder == "impala":
-        arch["impala_kernel"] = args.impala_kernel
-    arch.update(num_atoms=args.num_atoms, noisy=args.noisy, dueling=args.dueling)
-    if args.num_atoms > 1:
-        arch.update(v_min=args.v_min, v_max=args.v_max)
-    return arch
+    """What a checkpoint must match to be loaded into this run's network: the game and the Network options."""
+    return {"env_id": args.env_id} | {f.name: getattr(args, f.name) for f in fields(Network)}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -956,31 +861,15 @@ def select_actions(q_net, obs: np.ndarray, epsilon: float, rng: np.random.Genera
 
 
 def evaluate(q_net, args: Args, rom: str, num_episodes: int, device, rng: np.random.Generator) -> list[tuple]:
-    """Atari 100k's evaluation (Dopamine's DataEfficientAtariRunner, one game per parallel environment): each
-    game played to its end under the run's protocol (0-29 no-op agent steps under atari100k), epsilon-greedy at
-    --eval-epsilon with the noise off (the reference's eval_mode; its experts keep their noise, ours do not). Returns
-    the (return, length) of every game."""
-    envs = make_env(args, rom, num_episodes)
-    num_actions = int(envs.single_action_space.n)
-    obs, info = envs.reset(seed=args.seed + 1_000_003)  # other emulator seeds than the training games
-    noop_steps, life_loss = 30 if args.protocol == "atari100k" else 0, args.protocol != "dopamine"
-    tracker = EpisodeTracker(num_episodes, life_loss, args.truncation_is_terminal, info, noop_steps, rng)
-    results: list[tuple | None] = [None] * num_episodes
+    """Atari 100k's evaluation (envs/atari.py: one game per parallel environment, each played to its end under the
+    run's protocol), epsilon-greedy at --eval-epsilon with the noise off (the reference's eval_mode; its experts keep
+    their noise, ours do not). Returns the (return, length) of every game."""
+    act = lambda obs: select_actions(q_net, obs, args.eval_epsilon, rng, q_net.num_actions, device)  # noqa: E731
     set_noise(q_net, False)
     try:
-        while any(r is None for r in results):
-            live = np.array([r is None for r in results])
-            actions = np.zeros(num_episodes, dtype=np.int32)
-            actions[live] = select_actions(q_net, obs[live], args.eval_epsilon, rng, num_actions, device)
-            next_obs, rewards, terminated, truncated, info = envs.step(tracker.actions(actions))
-            for env, episode_return, length in tracker.step(rewards, terminated, truncated, info).finished:
-                if results[env] is None:
-                    results[env] = (episode_return, length)
-            obs = tracker.agent_view(next_obs)
+        return atari.evaluate(act, args.protocol, rom, num_episodes, args.max_episode_frames, args.seed, rng)
     finally:
         set_noise(q_net, True)
-        envs.close()
-    return results
 
 
 def project_distribution(target_support: torch.Tensor, probs: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
@@ -1040,9 +929,10 @@ def rainbow_loss(q_net, target_net, batch: dict, args: Args):
     else:
         per_sample = F.huber_loss(q_taken, target, reduction="none")
     td_loss = (batch["weights"] * per_sample).mean()
-    aux_loss = load_balancing_loss(aux, args.num_experts) if args.load_balance_coef > 0 else torch.zeros(())
-    metrics = {"td_loss": td_loss.detach(), "aux_loss": aux_loss.detach(), "q_values": q_taken.detach().mean()}
-    return td_loss + args.load_balance_coef * aux_loss, metrics | {"per_sample_loss": per_sample, "aux": aux}
+    load_balance_loss = load_balancing_loss(aux, args.num_experts) if args.load_balance_coef > 0 else torch.zeros(())
+    metrics = {"td_loss": td_loss.detach(), "load_balance_loss": load_balance_loss.detach(),
+               "q_values": q_taken.detach().mean()}  # fmt: skip
+    return td_loss + args.load_balance_coef * load_balance_loss, metrics | {"per_sample_loss": per_sample, "aux": aux}
 
 
 def make_optimizer(q_net, args: Args) -> torch.optim.Adam:
@@ -1058,20 +948,18 @@ def make_optimizer(q_net, args: Args) -> torch.optim.Adam:
 
 def train_step(q_net, target_net, optimizer, batch: dict, args: Args) -> dict:
     """One update on a batch of tensors: the loss, backward, Adam. Returns the loss's metrics (the per-sample loss sets
-    the priorities) and, for a learned Phi, the RMS of its gradient (to compare with Adam's eps)."""
+    the priorities) and, for a learned Phi, the RMS of its gradient (to compare with Adam's eps) and its norm."""
     loss, metrics = rainbow_loss(q_net, target_net, batch, args)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
     if (phi := getattr(getattr(q_net, "moe", None), "phi", None)) is not None:
-        metrics["phi_grad_rms"] = phi.grad.pow(2).mean().sqrt()
-        metrics["phi_norm"] = phi.detach().norm()
+        metrics |= {"phi_grad_rms": phi.grad.pow(2).mean().sqrt(), "phi_norm": phi.detach().norm()}
     return metrics
 
 
 def to_tensors(batch: dict, device) -> dict[str, torch.Tensor]:
-    keys = ("states", "next_states", "actions", "rewards", "terminals", "weights")
-    return {k: torch.from_numpy(batch[k]).to(device) for k in keys}
+    return {k: torch.from_numpy(v).to(device) for k, v in batch.items()}
 
 
 class GraphedUpdate:
@@ -1166,8 +1054,8 @@ def main(args: Args) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     rng = np.random.default_rng(args.seed)
-    rom = game_from_env_id(args.env_id)
-    envs = make_env(args, rom, args.num_envs)
+    rom = atari.game_from_env_id(args.env_id)
+    envs = atari.make_env(args.protocol, rom, args.num_envs, args.max_episode_frames)
     num_actions = int(envs.single_action_space.n)
     # channels_last kernels: the same maths, ~5% faster convolutions on CPU (oneDNN) and with cuDNN
     q_net = build_network(args, num_actions).to(device, memory_format=torch.channels_last)
@@ -1196,9 +1084,7 @@ def main(args: Args) -> dict:
     learn_from = global_step + (0 if ckpt and ckpt["replay_state"] is not None else args.learning_starts)
     updates_before, last_sync, metrics = updates, global_step, {}
     obs, info = envs.reset(seed=args.seed)
-    noop_steps = 30 if args.protocol == "atari100k" else 0
-    life_loss = args.protocol != "dopamine"
-    tracker = EpisodeTracker(args.num_envs, life_loss, args.truncation_is_terminal, info, noop_steps, rng)
+    tracker = atari.EpisodeTracker(args.num_envs, args.protocol, info, rng, args.truncation_is_terminal)
     with stop_signals() as stopped:
         while global_step < args.total_timesteps and not stopped():
             epsilon = epsilon_schedule(global_step, args.epsilon_decay_steps, args.learning_starts, args.end_e)
@@ -1221,7 +1107,8 @@ def main(args: Args) -> dict:
             next_obs, rewards, terminated, truncated, info = envs.recv()
             step = tracker.step(rewards, terminated, truncated, info)
             clipped = np.clip(rewards, -1, 1)  # Dopamine's runner clips before the agent stores; returns stay scores
-            replay.add(obs[:, -1], actions, clipped, step.terminal, step.valid, step.history)
+            replay.add(frames=obs[:, -1], actions=actions, rewards=clipped, terminals=step.terminal, valid=step.valid,
+                       history=step.history)  # fmt: skip
             global_step += int(step.acted.sum())
             obs = tracker.agent_view(next_obs)
             run.log_step(global_step, step.finished, next_obs, epsilon, updates, metrics)
@@ -1236,8 +1123,9 @@ class Run:
     """Everything a run writes, and the timers that decide when."""
 
     def __init__(self, args, rom, q_net, target_net, optimizer, replay, rng, device, global_step, updates, episodes):
-        self.args, self.rom, self.game, self.q_net, self.target_net = args, rom, camel_name(rom), q_net, target_net
-        self.optimizer, self.replay, self.rng, self.episodes, self.device = optimizer, replay, rng, episodes, device
+        self.args, self.rom, self.game, self.episodes, self.losses = args, rom, atari.camel_name(rom), episodes, {}
+        self.q_net, self.target_net, self.optimizer, self.replay, self.rng = q_net, target_net, optimizer, replay, rng
+        self.device = device
         self.start_step = self.last_step = global_step
         self.start_updates, self.learning_since = updates, None  # (time, step) of this segment's first update
         self.t_start = self.t_log = self.t_write = time.time()
@@ -1266,11 +1154,10 @@ class Run:
               f"({replay.nbytes / 1e9:.2f} GB), device {device}{resumed}")  # fmt: skip
         self.summary = dict(
             args=asdict(args), run_name=self.run_name, code=code_version(), device=str(device), game=self.game,
-            start_step=global_step,
-            num_parameters=sum(parts.values()), parameters_by_part=parts, replay_bytes=replay.nbytes,
-            replay_bytes_per_transition=replay.BYTES_PER_TRANSITION,
+            start_step=global_step, num_parameters=sum(parts.values()), parameters_by_part=parts,
+            replay_bytes=replay.nbytes, replay_bytes_per_transition=replay.BYTES_PER_TRANSITION,
         )  # fmt: skip
-        self.video = EpisodeVideo(os.path.join(self.run_dir, "videos")) if args.capture_video else None
+        self.video = atari.EpisodeVideo(os.path.join(self.run_dir, "videos")) if args.capture_video else None
 
     def log_step(self, global_step, finished, next_obs, epsilon, updates, metrics):
         """Evaluations, episode returns, the per-iteration score, video frames, the progress line, periodic outputs."""
@@ -1294,14 +1181,14 @@ class Run:
             sps = (global_step - self.start_step) / (now - self.t_start)
             t0, step0 = self.learning_since or (now, global_step)
             learning_sps = (global_step - step0) / (now - t0) if now - t0 >= args.log_every_seconds else 0.0
-            for k in ("td_loss", "aux_loss", "q_values", "phi_grad_rms", "phi_norm"):
-                if k in metrics:
-                    writer.add_scalar(f"losses/{k}", float(metrics[k]), global_step)
+            self.losses = {k: float(v) for k, v in metrics.items() if torch.is_tensor(v) and v.dim() == 0}
+            for k, v in self.losses.items():  # every scalar of the loss's metrics
+                writer.add_scalar(f"losses/{k}", v, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             writer.add_scalar("charts/epsilon", epsilon, global_step)
             last = [r for _, r, _ in self.episodes[-100:]]
             mean = f"{np.mean(last):.1f}" if last else "-"
-            loss = f" | td loss {float(metrics['td_loss']):.4f}" if metrics else ""
+            loss = f" | td loss {self.losses['td_loss']:.4f}" if self.losses else ""
             print(f"step {global_step:,}/{args.total_timesteps:,} | {sps:,.0f} steps/s | updates {updates:,} | "
                   f"episodes {len(self.episodes):,} | mean return (last 100) {mean} | epsilon {epsilon:.3f}{loss} | "
                   f"{eta(args.total_timesteps - global_step, learning_sps, sps)}", flush=True)  # fmt: skip
@@ -1319,9 +1206,9 @@ class Run:
         self.summary.update(
             complete=complete, global_step=global_step, updates=updates, episodes=len(episodes), wall_time=elapsed,
             sps=(global_step - self.start_step) / max(elapsed, 1e-9), mean_return_last_100=mean_return,
-            episodes_in_mean=len(last), human_normalized_score=human_normalized(mean_return, self.rom),
-            random_human_scores=RANDOM_HUMAN_SCORES.get(self.game), iteration_returns=iterations,
-            last_iteration_mean_return=iterations[-1]["mean_return"] if iterations else None,
+            episodes_in_mean=len(last), human_normalized_score=atari.human_normalized(mean_return, self.rom),
+            random_human_scores=atari.RANDOM_HUMAN_SCORES.get(self.game), iteration_returns=iterations,
+            last_iteration_mean_return=iterations[-1]["mean_return"] if iterations else None, losses=self.losses,
         )  # fmt: skip
         with open(os.path.join(self.run_dir, "episodes.csv"), "w", newline="") as f:
             csv.writer(f).writerows([("global_step", "return", "length"), *episodes])
@@ -1360,7 +1247,7 @@ class Run:
         t0, rng = time.time(), np.random.default_rng([self.args.seed, global_step])
         games = evaluate(self.q_net, self.args, self.rom, self.args.eval_episodes, self.device, rng)
         returns = np.array([r for r, _ in games])
-        mean, hns = float(returns.mean()), human_normalized(float(returns.mean()), self.rom)
+        mean, hns = float(returns.mean()), atari.human_normalized(float(returns.mean()), self.rom)
         evaluations.append({"global_step": global_step, "episodes": len(games), "mean_return": mean,
                             "std_return": float(returns.std()), "human_normalized_score": hns,
                             "mean_length": float(np.mean([n for _, n in games])), "returns": returns.tolist(),
@@ -1467,7 +1354,7 @@ def load_replay(checkpoint_path: str, name: str) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as data:
             state = {k: data[k] for k in data.files}
-        if missing := sorted({*FrameReplay.ARRAYS, "pointers"} - set(state)):
+        if missing := sorted({*FrameReplay.FIELDS, "pointers"} - set(state)):
             raise ValueError(f"no {', '.join(missing)} array")
     except FileNotFoundError:
         raise ValueError(
@@ -1481,84 +1368,10 @@ def load_replay(checkpoint_path: str, name: str) -> dict[str, np.ndarray]:
     return state
 
 
-class EpisodeVideo:
-    """What the agent sees in env 0 (84x84 frames shown at 168x168) as mp4, for episodes 0, 1, 8, 27, ..., 729, 1000,
-    2000, ... (gymnasium's capped cubic schedule)."""
-
-    def __init__(self, folder: str):
-        os.makedirs(folder, exist_ok=True)
-        self.folder, self.episode, self.frames = folder, 0, []
-
-    @staticmethod
-    def wanted(episode: int) -> bool:
-        return round(episode ** (1 / 3)) ** 3 == episode if episode < 1000 else episode % 1000 == 0
-
-    def add(self, frame: np.ndarray, finished_envs: list[int]):
-        if self.wanted(self.episode):
-            self.frames.append(frame.copy())
-        if 0 in finished_envs:
-            if self.frames:
-                from moviepy import ImageSequenceClip
-
-                rgb = [np.repeat(np.kron(f, np.ones((2, 2), dtype=np.uint8))[..., None], 3, -1) for f in self.frames]
-                path = os.path.join(self.folder, f"episode-{self.episode}.mp4")
-                ImageSequenceClip(rgb, fps=15).write_videofile(path, logger=None)
-            self.episode, self.frames = self.episode + 1, []
-
-
 # ======================================================================================================================
 # Shared helpers: byte-identical in dqn_softmoe.py, rainbow_softmoe.py and cql_softmoe.py (a test checks), so that a
 # diff between the scripts shows the algorithms
 # ======================================================================================================================
-# Standard no-op-start random / human reference scores (benchmark/atari_scores.csv: the rliable / DQN Zoo / Dopamine
-# table), for the human-normalised score (score - random) / (human - random).
-RANDOM_HUMAN_SCORES = {
-    "Alien": (227.8, 7127.7), "Amidar": (5.8, 1719.5), "Assault": (222.4, 742.0), "Asterix": (210.0, 8503.3),
-    "Asteroids": (719.1, 47388.7), "Atlantis": (12850.0, 29028.1), "BankHeist": (14.2, 753.1),
-    "BattleZone": (2360.0, 37187.5), "BeamRider": (363.9, 16926.5), "Berzerk": (123.7, 2630.4),
-    "Bowling": (23.1, 160.7), "Boxing": (0.1, 12.1), "Breakout": (1.7, 30.5), "Centipede": (2090.9, 12017.0),
-    "ChopperCommand": (811.0, 7387.8), "CrazyClimber": (10780.5, 35829.4), "Defender": (2874.5, 18688.9),
-    "DemonAttack": (152.1, 1971.0), "DoubleDunk": (-18.6, -16.4), "Enduro": (0.0, 860.5),
-    "FishingDerby": (-91.7, -38.7), "Freeway": (0.0, 29.6), "Frostbite": (65.2, 4334.7), "Gopher": (257.6, 2412.5),
-    "Gravitar": (173.0, 3351.4), "Hero": (1027.0, 30826.4), "IceHockey": (-11.2, 0.9), "Jamesbond": (29.0, 302.8),
-    "Kangaroo": (52.0, 3035.0), "Krull": (1598.0, 2665.5), "KungFuMaster": (258.5, 22736.3),
-    "MontezumaRevenge": (0.0, 4753.3), "MsPacman": (307.3, 6951.6), "NameThisGame": (2292.3, 8049.0),
-    "Phoenix": (761.4, 7242.6), "Pitfall": (-229.4, 6463.7), "Pong": (-20.7, 14.6), "PrivateEye": (24.9, 69571.3),
-    "Qbert": (163.9, 13455.0), "Riverraid": (1338.5, 17118.0), "RoadRunner": (11.5, 7845.0), "Robotank": (2.2, 11.9),
-    "Seaquest": (68.4, 42054.7), "Skiing": (-17098.1, -4336.9), "Solaris": (1236.3, 12326.7),
-    "SpaceInvaders": (148.0, 1668.7), "StarGunner": (664.0, 10250.0), "Surround": (-10.0, 6.5),
-    "Tennis": (-23.8, -8.3), "TimePilot": (3568.0, 5229.2), "Tutankham": (11.4, 167.6), "UpNDown": (533.4, 11693.2),
-    "Venture": (0.0, 1187.5), "VideoPinball": (0.0, 17667.9), "WizardOfWor": (563.5, 4756.5),
-    "YarsRevenge": (3092.9, 54576.9), "Zaxxon": (32.5, 9173.3),
-}  # fmt: skip
-
-
-def camel_name(rom: str) -> str:
-    """'ms_pacman' -> 'MsPacman' (Gymnasium's spelling of ROM names)."""
-    return "".join(part.capitalize() for part in rom.split("_"))
-
-
-def game_from_env_id(env_id: str) -> str | None:
-    """'ALE/MsPacman-v5' -> the ROM name 'ms_pacman', or None when no ROM has that name."""
-    match = re.fullmatch(r"ALE/([A-Za-z0-9]+)-v5", env_id)
-    roms = {rom.replace("_", ""): rom for rom in ale_py.roms.get_all_rom_ids()}
-    return roms.get(match.group(1).lower()) if match else None
-
-
-def unknown_env_message(env_id: str) -> str:
-    names = {camel_name(rom).lower(): camel_name(rom) for rom in ale_py.roms.get_all_rom_ids()}
-    asked = re.sub(r"^(ALE/)?|(NoFrameskip)?(-v\d+)?$", "", env_id).lower()
-    close = difflib.get_close_matches(asked, list(names), n=3, cutoff=0.5)
-    hint = ", ".join(f"ALE/{names[c]}-v5" for c in close) if close else "ALE/<Game>-v5 such as ALE/Pong-v5"
-    return f"unknown --env-id {env_id!r}; closest valid ids: {hint}"
-
-
-def human_normalized(score: float | None, rom: str) -> float | None:
-    """(score - random) / (human - random), or None without a score or for the games without reference scores."""
-    ref = RANDOM_HUMAN_SCORES.get(camel_name(rom))
-    return None if ref is None or score is None or not math.isfinite(score) else (score - ref[0]) / (ref[1] - ref[0])
-
-
 class stop_signals:
     """`with stop_signals() as stopped:` SIGINT and SIGTERM (even when a background shell ignored SIGINT) end the loop
     at the next `stopped()` check, so that the summary and the checkpoint are written; the old handlers come back."""
@@ -1597,10 +1410,9 @@ def load_checkpoint(path: str, args) -> dict:
         if script == SCRIPT:
             raise ValueError(f"--resume {path!r} has the format {found} of an older {SCRIPT}.py, not {SCRIPT}/2")
         raise ValueError(f"--resume {path!r} is not a {SCRIPT} checkpoint" + (f" but a {script} one" if script else ""))
+    # every option the checkpoint records must match (an older script's checkpoint records only what its network used)
     want, have = architecture(args), ckpt["architecture"]
-    if want != have:
-        diff = [f"{k}: checkpoint {have.get(k)} vs requested {want.get(k)}" for k in sorted({*want, *have})
-                if want.get(k) != have.get(k)]  # fmt: skip
+    if diff := [f"{k}: checkpoint {v} vs requested {want.get(k)}" for k, v in sorted(have.items()) if want.get(k) != v]:
         raise ValueError(f"--resume {path!r} holds another architecture ({', '.join(diff)}); pass matching flags")
     return ckpt
 

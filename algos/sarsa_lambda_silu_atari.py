@@ -21,14 +21,13 @@ import contextlib
 import copy
 import csv
 import datetime
-import difflib
 import importlib.util
 import json
 import math
 import os
 import random
-import re
 import signal
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -42,10 +41,13 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.utils.tensorboard import SummaryWriter
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from envs import atari, code_version  # noqa: E402  (ROM names; this script's protocol is its own, §3.3)
+
 CHECKPOINT_FORMAT = "sarsa_lambda_silu_atari/1"
 FRAME_SHAPE = (105, 80)  # §3.3: luminance frames downsampled to 105x80
 STACK = 2  # the current and the previous agent step's frame
-TABLE2_SCORES = {  # Table 2: (random, DQN (Mnih et al. 2015; benchmark/atari_scores.csv), paper final, paper best)
+TABLE2_SCORES = {  # Table 2: (random, DQN (Mnih et al. 2015; envs/atari_scores.csv), paper final, paper best)
     "Alien": (227.8, 3069.0, 1370, 2246), "Amidar": (5.8, 739.5, 762, 904),
     "Assault": (222.4, 3359.0, 2415, 2944), "Asterix": (210.0, 6012.0, 70942, 100322),
     "Asteroids": (719.1, 1629.0, 6537, 10614), "Atlantis": (12850.0, 85641.0, 127651, 128983),
@@ -125,18 +127,6 @@ class Args:
 
 
 # --- Environment (§3.3) -----------------------------------------------------------------------------------------------
-def camel_name(rom: str) -> str:
-    """'bank_heist' -> 'BankHeist' (Gymnasium's spelling of ROM names)."""
-    return "".join(part.capitalize() for part in rom.split("_"))
-
-
-def game_from_env_id(env_id: str) -> str | None:
-    """'ALE/BankHeist-v5' -> the ROM name 'bank_heist', or None when no ROM has that name."""
-    match = re.fullmatch(r"ALE/([A-Za-z0-9]+)-v5", env_id)
-    roms = {rom.replace("_", ""): rom for rom in ale_py.roms.get_all_rom_ids()}
-    return roms.get(match.group(1).lower()) if match else None
-
-
 def make_env(args: Args, rom: str):
     """ale_py's vector env with the §3.3 protocol. Observations are (N, 2, 105, 80) uint8: the previous and the
     current agent step's frame, each the luminance (ALE grayscale) max over the last two emulator frames of the skip,
@@ -350,11 +340,8 @@ def best_window_mean(scores: np.ndarray, window: int) -> float:
 
 def validate(args: Args) -> str | None:
     """One clear line for each impossible setting, checked before anything is written."""
-    if game_from_env_id(args.env_id) is None:
-        names = {camel_name(rom).lower(): camel_name(rom) for rom in ale_py.roms.get_all_rom_ids()}
-        asked = re.sub(r"^(ALE/)?|(NoFrameskip)?(-v\d+)?$", "", args.env_id).lower()
-        close = [f"ALE/{names[c]}-v5" for c in difflib.get_close_matches(asked, list(names), n=3, cutoff=0.5)]
-        return f"unknown --env-id {args.env_id!r}; closest valid ids: {', '.join(close) or 'ALE/<Game>-v5'}"
+    if atari.game_from_env_id(args.env_id) is None:
+        return atari.unknown_env_message(args.env_id)
     if any(act not in ACTIVATIONS for act in args.activations.partition("-")[::2]):
         return f"unknown --activations {args.activations!r}; use CONV-FC, each of {' | '.join(ACTIVATIONS)}"
     if args.num_envs < 1:
@@ -539,7 +526,7 @@ def main(args: Args) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
-    rom = game_from_env_id(args.env_id)
+    rom = atari.game_from_env_id(args.env_id)
     envs = make_env(args, rom)
     num_actions = int(envs.single_action_space.n)
     arch = {"game": rom, "num_actions": num_actions, "activations": args.activations, "padding": args.padding,
@@ -562,8 +549,8 @@ def main(args: Args) -> dict:
         episodes, global_step = int(ckpt["episodes"]), int(ckpt["global_step"])
         history = {k: v.tolist() for k, v in ckpt["history"].items()}
         rng.set_state(ckpt["rng_state"])
-    summary = {"args": asdict(args), "device": str(device), "game": camel_name(rom), "num_actions": num_actions,
-               "num_parameters": P, "start_episode": episodes}  # fmt: skip
+    summary = {"args": asdict(args), "code": code_version(), "device": str(device), "game": atari.camel_name(rom),
+               "num_actions": num_actions, "num_parameters": P, "start_episode": episodes}  # fmt: skip
     start_step, t_start = global_step, time.time()
 
     def write(complete: bool):  # summary.json, episodes.csv, the learning curve and (with --save-model) the checkpoint

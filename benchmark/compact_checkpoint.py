@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.join(ROOT, "algos"))
 STATE, REPLAY = "state.pt", "replay.npz"
 FORMAT = "rainbow_softmoe/2"  # the checkpoints this tool reads: the script's format, which names the script
 script = importlib.import_module(FORMAT.split("/")[0])
+from envs import atari  # noqa: E402  (the script put the repository root on sys.path)
 
 
 def load(path: str) -> dict:
@@ -136,14 +137,13 @@ class NoopLengths:
 
 def replay_frames(args, arrays: dict, starts: list[int], count: int) -> np.ndarray:
     """Every segment stepped again from `envs.reset(seed=args.seed)`; each row's reward and flags must match."""
-    frames = np.zeros((count, 1, *script.FRAME_SHAPE), dtype=np.uint8)
-    noop_steps, life_loss = 30 if args.protocol == "atari100k" else 0, args.protocol != "dopamine"  # as main() does
+    frames = np.zeros((count, 1, *atari.FRAME_SHAPE), dtype=np.uint8)
     for start, end in zip(starts, [*starts[1:], count], strict=True):
         resumed_after = end < count  # a segment resumed from: its last row is unlearnable and has no successor
-        envs = script.make_env(args, script.game_from_env_id(args.env_id), 1)
+        envs = atari.make_env(args.protocol, atari.game_from_env_id(args.env_id), 1, args.max_episode_frames)
         obs, info = envs.reset(seed=args.seed)
         lengths = NoopLengths(arrays["valid"][:, 0], start, end - resumed_after)  # --resume, not a no-op, made it so
-        tracker = script.EpisodeTracker(1, life_loss, args.truncation_is_terminal, info, noop_steps, lengths)
+        tracker = atari.EpisodeTracker(1, args.protocol, info, lengths, args.truncation_is_terminal)  # as main() does
         for row in range(start, end):
             frames[row] = obs[:, -1]
             sent = tracker.actions(arrays["actions"][row].astype(np.int64))
@@ -172,7 +172,7 @@ def unpack(packed: str, checkpoint: str):
     try:
         with np.load(os.path.join(packed, REPLAY), allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-        if missing := sorted({*script.FrameReplay.ARRAYS, "pointers", "packed_step"} - {"frames", *arrays}):
+        if missing := sorted({*script.FrameReplay.FIELDS, "pointers", "packed_step"} - {"frames", *arrays}):
             raise ValueError(f"no {', '.join(missing)} array")
     except Exception as err:  # noqa: BLE001  (missing, truncated or corrupt)
         raise SystemExit(

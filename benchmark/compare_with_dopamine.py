@@ -52,6 +52,7 @@ sys.path.insert(0, os.path.join(ROOT, "algos"))
 import cql_softmoe  # noqa: E402
 import dqn_softmoe  # noqa: E402
 import rainbow_softmoe  # noqa: E402
+from envs import atari  # noqa: E402  (the scripts put the repository root on sys.path)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -113,7 +114,7 @@ def import_reference(dopamine_dir: str):
 def atari_states(game: str, count: int, seed: int) -> np.ndarray:
     """count stacks as rainbow_softmoe.py's vector env returns them (the Atari-100k protocol), random play."""
     args = rainbow_softmoe.preset_args("der", env_id=f"ALE/{game}-v5")
-    env = rainbow_softmoe.make_env(args, game.lower(), 1)
+    env = atari.make_env(args.protocol, game.lower(), 1, args.max_episode_frames)
     rng = np.random.default_rng(seed)
     obs, _ = env.reset(seed=seed)
     states = []

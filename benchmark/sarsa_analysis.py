@@ -149,7 +149,7 @@ def evaluate(train: sarsa.Args, rom, base, params, kind, x, device, episodes, co
         "std_score": float(np.std(scores)),
         "mean_length": float(np.mean(lengths)),
         "exploratory_actions_per_episode": float(np.mean(explored)),
-        "dqn_normalized": sarsa.dqn_normalized(float(np.mean(scores)), sarsa.camel_name(rom)),
+        "dqn_normalized": sarsa.dqn_normalized(float(np.mean(scores)), sarsa.atari.camel_name(rom)),
     }
     return result, value_episodes
 
@@ -214,7 +214,7 @@ def main(args: Args) -> dict:
     theta, params = sarsa.flatten_parameters(net, device)
     theta.copy_(ckpt["theta"].to(device))
     base = net.to("meta")  # structure only; functional_call supplies theta's views
-    game, final_tau = sarsa.camel_name(arch["game"]), sarsa.temperature(ckpt["episodes"], train.tau0, train.tau_k)
+    game, final_tau = sarsa.atari.camel_name(arch["game"]), sarsa.temperature(ckpt["episodes"], train.tau0, train.tau_k)
 
     run_name = f"{game}__{args.exp_name}__{arch['activations']}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join("runs", run_name)

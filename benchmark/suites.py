@@ -225,8 +225,8 @@ def known_games() -> set:
 
 
 def atari_scores() -> dict:
-    """benchmark/atari_scores.csv: game -> row (random, human, dqn_nature scores, subsets, sources)."""
-    with open(os.path.join(ROOT, "benchmark", "atari_scores.csv"), newline="") as f:
+    """envs/atari_scores.csv: game -> row (random, human, dqn_nature scores, subsets, sources)."""
+    with open(os.path.join(ROOT, "envs", "atari_scores.csv"), newline="") as f:
         return {row["game"]: row for row in csv.DictReader(f)}
 
 

@@ -234,12 +234,12 @@ def test_train_step_is_the_cql_loss_backward_and_adam_step_and_reports_phis_grad
 
 
 def test_environment_and_network_are_dqn_softmoes_own():
-    """The pieces that are not the algorithm are dqn_softmoe.py's, character for character, so that its tests (the
-    Soft MoE equations, the no-op starts, the reset steps, ...) hold here and a diff of the scripts shows CQL."""
-    names = ["make_env", "Step", "EpisodeTracker", "lecun_normal_", "xavier_layer", "same_padding", "pad_same",
-             "conv_same", "NatureEncoder", "ResidualBlock", "ImpalaEncoder", "tokenize", "Experts", "l2_normalize",
-             "soft_moe", "SoftMoE", "top1_route", "Top1MoE", "importance_loss", "load_loss", "load_balancing_loss",
-             "count_parameters", "fill_defaults", "to_tensors"]  # fmt: skip
+    """The network's pieces are dqn_softmoe.py's, character for character, so that its tests (the Soft MoE equations,
+    the encoders, ...) hold here and a diff of the scripts shows CQL; the environment is envs/atari.py for both."""
+    names = ["lecun_normal_", "xavier_layer", "same_padding", "pad_same", "conv_same", "NatureEncoder", "ResidualBlock",
+             "ImpalaEncoder", "tokenize", "Experts", "l2_normalize", "soft_moe", "SoftMoE", "top1_route", "Top1MoE",
+             "importance_loss", "load_loss", "load_balancing_loss", "count_parameters", "build_network",
+             "architecture", "fill_defaults", "to_tensors"]  # fmt: skip
     for name in names:
         assert inspect.getsource(getattr(cql, name)) == inspect.getsource(getattr(dqn, name)), name
 

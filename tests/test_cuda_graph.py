@@ -18,8 +18,9 @@ def filled_replay(module, args, rows=600, seed=0):
     replay = module.FrameReplay(rows, 1, **kw)
     for t in range(rows):
         frame = rng.integers(0, 256, (1, 84, 84), dtype=np.uint8)
-        replay.add(frame, np.array([t % 4]), np.array([float(t % 7 == 0)]), np.array([t % 90 == 89]),
-                   np.ones(1, bool), np.array([min(t % 90, 3)]))  # fmt: skip
+        replay.add(frames=frame, actions=np.array([t % 4]), rewards=np.array([float(t % 7 == 0)]),
+                   terminals=np.array([t % 90 == 89]), valid=np.ones(1, bool),
+                   history=np.array([min(t % 90, 3)]))  # fmt: skip
     return replay
 
 

@@ -2,7 +2,6 @@
 reference table, the frame-once replay against the stacks ale_py returns, the DQN pieces, and short runs on a real
 game (smoke runs, checkpoint resume, errors)."""
 
-import csv
 import functools
 import json
 import math
@@ -16,10 +15,18 @@ import torch
 import tyro
 
 import dqn_softmoe as dqn
+from envs import atari
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "algos", "dqn_softmoe.py")
-SCORES_CSV = os.path.join(ROOT, "benchmark", "atari_scores.csv")
+
+
+def qnet(num_actions, encoder="impala", moe="softmoe", num_experts=None, tokenization=None, **kw):
+    """The script's QNetwork for these options (the reference's defaults for the rest, as main() fills them)."""
+    args = dqn.fill_defaults(
+        dqn.Args(encoder=encoder, moe=moe, num_experts=num_experts, tokenization=tokenization, **kw)
+    )
+    return dqn.build_network(args, num_actions)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -79,7 +86,7 @@ def test_normalised_logits_use_unit_tokens_and_phi_columns_times_the_scalar():
 
 def test_perconv_output_permutes_with_its_input_tokens():
     torch.manual_seed(3)
-    net = dqn.QNetwork(6, encoder="nature", moe="softmoe", num_experts=4, tokenization="perconv")
+    net = qnet(6, encoder="nature", moe="softmoe", num_experts=4, tokenization="perconv")
     tokens = dqn.tokenize(net.encoder(torch.rand(2, 4, 84, 84)), "perconv").detach()  # (2, 121, 64)
     perm = torch.randperm(tokens.shape[1])
     with torch.no_grad():
@@ -111,26 +118,26 @@ def test_parameter_counts_match_the_reference_table():
     assert dqn.count_parameters(dqn.Experts(1, 32, 512)) == 33_312
     assert dqn.count_parameters(dqn.Experts(8, 32, 512)) == 266_496
 
-    nature_moe = parts(dqn.QNetwork(18, "nature", "softmoe", 8, "perconv"))
+    nature_moe = parts(qnet(18, "nature", "softmoe", 8, "perconv"))
     assert nature_moe["moe"] == 528_896 + 64 * 8 * 16 + 1  # experts + Phi + the scalar
     assert nature_moe["head"] == 139_410
-    impala_moe = parts(dqn.QNetwork(18, "impala", "softmoe", 8, "perconv"))
+    impala_moe = parts(qnet(18, "impala", "softmoe", 8, "perconv"))
     assert impala_moe["moe"] == 266_496 + 32 * 8 * 16 + 1
     assert impala_moe["encoder"] == 4 * 16 * 9 + 16 + 4 * (16 * 16 * 9 + 16) + 16 * 32 * 9 + 32 + 9 * (32 * 32 * 9 + 32)
-    nature_base = parts(dqn.QNetwork(18, "nature", "none"))
+    nature_base = parts(qnet(18, "nature", "none"))
     assert nature_base["dense"] == 3_965_440 and nature_base["head"] == 9_234
     assert (
         nature_base["encoder"] == nature_moe["encoder"] == (4 * 64 * 32 + 32) + (32 * 16 * 64 + 64) + (64 * 9 * 64 + 64)
     )
-    assert parts(dqn.QNetwork(18, "impala", "none"))["dense"] == 1_982_976
+    assert parts(qnet(18, "impala", "none"))["dense"] == 1_982_976
 
     # Fig. 1: Soft MoE with 8 experts against the baseline widened 8-fold
-    wide = parts(dqn.QNetwork(18, "nature", "none", width_multiplier=8))
+    wide = parts(qnet(18, "nature", "none", width_multiplier=8))
     assert wide["dense"] == 7744 * 4096 + 4096 and wide["head"] == 4096 * 18 + 18
     assert sum(nature_moe.values()) < sum(wide.values()) / 10
     # Fig. 5: experts of width 512 / 8
     assert dqn.count_parameters(dqn.Experts(8, 64, 64)) == 8 * (64 * 64 + 64 + 64 * 64 + 64)
-    top1 = parts(dqn.QNetwork(18, "nature", "top1", 8, "perconv"))
+    top1 = parts(qnet(18, "nature", "top1", 8, "perconv"))
     assert top1["moe"] == 528_896 + 64 * 8  # router Dense(n) without bias
 
 
@@ -146,7 +153,7 @@ def test_parameter_counts_match_the_reference_table():
 )
 def test_slots_per_expert(encoder, tokenization, experts, slots):
     for n, p in zip(experts, slots, strict=True):
-        assert dqn.QNetwork(4, encoder, "softmoe", n, tokenization, expert_width=8).moe.slots == p
+        assert qnet(4, encoder, "softmoe", n, tokenization, expert_width=8).moe.slots == p
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -262,7 +269,7 @@ def test_q_network_outputs_for_every_variant():
     x = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
     for encoder in ("nature", "impala"):
         for moe, tokenization in (("softmoe", "perconv"), ("top1", "perfeat"), ("softmoe", "persamp"), ("none", None)):
-            net = dqn.QNetwork(5, encoder, moe, 2, tokenization, expert_width=16)
+            net = qnet(5, encoder, moe, 2, tokenization, expert_width=16)
             q, aux = net(x, return_aux=True)
             assert q.shape == (3, 5) and torch.isfinite(q).all() and "hidden" in aux
 
@@ -273,20 +280,18 @@ def test_q_network_outputs_for_every_variant():
 def collect(protocol, steps, capacity, num_envs=2, seed=3, truncation_is_terminal=False, max_episode_frames=108_000):
     """Random play on Breakout stored exactly as the training loop stores it; returns the replay memory, every
     observation the agent saw (steps, num_envs, 4, 84, 84), the rewards and the finished episodes."""
-    args = dqn.Args(
-        env_id="ALE/Breakout-v5", protocol=protocol, num_envs=num_envs, max_episode_frames=max_episode_frames
-    )
-    envs = dqn.make_env(args, "breakout", num_envs)
+    envs = atari.make_env(protocol, "breakout", num_envs, max_episode_frames)
     replay = dqn.FrameReplay(capacity, num_envs)
     obs, info = envs.reset(seed=seed)
-    tracker = dqn.EpisodeTracker(num_envs, protocol != "dopamine", truncation_is_terminal, info)
+    tracker = atari.EpisodeTracker(num_envs, protocol, info, truncation_is_terminal=truncation_is_terminal)
     rng = np.random.default_rng(seed)
     observations, rewards, finished = [], [], []
     for _ in range(steps):
         actions = rng.integers(0, envs.single_action_space.n, size=num_envs).astype(np.int32)
         next_obs, reward, terminated, truncated, info = envs.step(actions)
         step = tracker.step(reward, terminated, truncated, info)
-        replay.add(obs[:, -1], actions, np.clip(reward, -1, 1), step.terminal, step.valid, step.history)
+        replay.add(frames=obs[:, -1], actions=actions, rewards=np.clip(reward, -1, 1), terminals=step.terminal,
+                   valid=step.valid, history=step.history)  # fmt: skip
         finished += step.finished
         observations.append(obs)
         rewards.append(reward)
@@ -398,12 +403,13 @@ class FakeVectorEnv:
 def test_sampled_stacks_never_mix_episodes():
     env = FakeVectorEnv(2, lengths=[[1, 2, 5, 3, 9], [4, 1, 1, 7]])
     replay = dqn.FrameReplay(2 * 37, 2)
-    tracker = dqn.EpisodeTracker(2, False, False, env.info())
+    tracker = atari.EpisodeTracker(2, "dopamine", env.info())
     obs = env.stack.copy()
     for _ in range(300):
         next_obs, reward, terminated, truncated, info = env.step()
         step = tracker.step(reward, terminated, truncated, info)
-        replay.add(obs[:, -1], np.zeros(2), reward, step.terminal, step.valid, step.history)
+        replay.add(frames=obs[:, -1], actions=np.zeros(2), rewards=reward, terminals=step.terminal, valid=step.valid,
+                   history=step.history)  # fmt: skip
         obs = next_obs
     batch = replay.sample(512, np.random.default_rng(2))
     for key in ("states", "next_states"):
@@ -417,29 +423,6 @@ def test_sampled_stacks_never_mix_episodes():
         assert (gaps == 1).all()  # consecutive steps of that episode
     assert (batch["next_states"][:, -1, 0, 0] == batch["states"][:, -1, 0, 0]).all()
     assert batch["terminals"].any() and not (batch["rewards"] == 0).any()  # no reset step was stored as a transition
-
-
-def test_atari100k_episodes_start_with_0_to_29_noop_agent_steps_that_are_not_learned_or_counted():
-    """Dopamine's 100k runner: k ~ U{0..29} agent steps of action 0 after every reset, not stored as transitions,
-    not counted, not scored; the agent's first stack starts after them."""
-    n, args = 16, dqn.Args(env_id="ALE/Breakout-v5", protocol="atari100k")
-    envs = dqn.make_env(args, "breakout", n)
-    obs, info = envs.reset(seed=0)
-    assert (np.asarray(info["episode_frame_number"]) == 0).all()  # ale_py itself adds no no-op frames
-    tracker = dqn.EpisodeTracker(n, True, False, info, 30, np.random.default_rng(5))
-    want, first_acted = np.random.default_rng(5).integers(0, 30, n), np.full(n, -1)
-    for t in range(32):
-        sent = tracker.actions(np.full(n, 3, dtype=np.int32))
-        assert ((sent == 0) == (t < want)).all()
-        next_obs, rewards, terminated, truncated, info = envs.step(sent)
-        step = tracker.step(rewards, terminated, truncated, info)
-        assert (step.acted == (t >= want)).all() and not step.valid[t < want].any()
-        new = step.acted & (first_acted < 0)
-        first_acted[new] = t
-        assert (step.history[new] == 0).all()  # the first acted step began from a stack of its own frame alone
-        assert (np.asarray(info["episode_frame_number"])[new] == 4 * (want[new] + 1)).all()
-    assert (first_acted == want).all() and len(set(want.tolist())) > 8
-    envs.close()
 
 
 def test_bytes_per_transition():
@@ -498,7 +481,7 @@ def train_step(q_net, target_net, optimizer, batch, **kw):
 
 def test_dqn_loss_is_the_mean_squared_td_error_with_the_n_step_discount():
     torch.manual_seed(9)
-    q_net, target_net = dqn.QNetwork(3, "nature", moe="none"), dqn.QNetwork(3, "nature", moe="none")
+    q_net, target_net = qnet(3, "nature", moe="none"), qnet(3, "nature", moe="none")
     batch = random_batch()
     for n_step in (1, 3):
         args = dqn.fill_defaults(dqn.Args(moe="none", n_step=n_step, gamma=0.9))
@@ -515,7 +498,7 @@ def test_dqn_loss_is_the_mean_squared_td_error_with_the_n_step_discount():
 
 def test_train_step_moves_q_towards_the_td_target_and_leaves_the_target_network_alone():
     torch.manual_seed(7)
-    q_net, target_net = dqn.QNetwork(3, "nature", moe="none"), dqn.QNetwork(3, "nature", moe="none")
+    q_net, target_net = qnet(3, "nature", moe="none"), qnet(3, "nature", moe="none")
     target_before = [p.clone() for p in target_net.parameters()]
     optimizer = torch.optim.Adam(q_net.parameters(), lr=1e-3, eps=1.5e-4)
     batch = {
@@ -544,8 +527,8 @@ def random_batch(size: int = 8, num_actions: int = 3) -> dict:
 
 def test_fused_adam_and_channels_last_give_the_same_update_as_the_plain_step():
     torch.manual_seed(3)
-    plain, target = dqn.QNetwork(3, "nature", moe="none"), dqn.QNetwork(3, "nature", moe="none")
-    fast = dqn.QNetwork(3, "nature", moe="none")
+    plain, target = qnet(3, "nature", moe="none"), qnet(3, "nature", moe="none")
+    fast = qnet(3, "nature", moe="none")
     fast.load_state_dict(plain.state_dict())
     fast = fast.to(memory_format=torch.channels_last)
     opt_plain = torch.optim.Adam(plain.parameters(), lr=1e-3, eps=1.5e-4)
@@ -612,8 +595,8 @@ def test_phi_adam_eps_gives_phi_its_own_eps_and_leaves_the_rest_at_adam_eps():
 
 def test_bf16_encoder_keeps_float32_outputs_close_to_the_float32_network():
     torch.manual_seed(4)
-    full = dqn.QNetwork(5, "nature", moe="softmoe", num_experts=4)
-    half = dqn.QNetwork(5, "nature", moe="softmoe", num_experts=4, bf16=True)
+    full = qnet(5, "nature", moe="softmoe", num_experts=4)
+    half = qnet(5, "nature", moe="softmoe", num_experts=4, bf16=True)
     half.load_state_dict(full.state_dict())
     x = torch.randint(0, 256, (6, 4, 84, 84), dtype=torch.uint8)
     q_full, q_half = full(x), half(x)
@@ -633,26 +616,6 @@ def test_iteration_returns_average_the_episodes_that_end_in_each_complete_iterat
     ]
     assert dqn.iteration_returns(episodes, 100, global_step=299)[-1]["iteration"] == 1  # iteration 2 is not over
     assert dqn.iteration_returns([], 100, 1000) == []
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Game names and scores
-# ----------------------------------------------------------------------------------------------------------------------
-def test_env_ids_map_to_roms_and_unknown_ones_suggest_close_names():
-    assert dqn.game_from_env_id("ALE/MsPacman-v5") == "ms_pacman"
-    assert dqn.game_from_env_id("ALE/Pong-v5") == "pong" and dqn.game_from_env_id("ALE/TicTacToe3D-v5")
-    assert dqn.game_from_env_id("PongNoFrameskip-v4") is None and dqn.game_from_env_id("ALE/Pongg-v5") is None
-    assert "ALE/Pong-v5" in dqn.unknown_env_message("ALE/Pongg-v5")
-    assert "ALE/SpaceInvaders-v5" in dqn.unknown_env_message("SpaceInvader")
-
-
-def test_human_normalised_score_and_the_embedded_table():
-    assert dqn.human_normalized(14.6, "pong") == pytest.approx(1.0)
-    assert dqn.human_normalized(-20.7, "pong") == pytest.approx(0.0)
-    assert dqn.human_normalized(10.0, "air_raid") is None  # no reference score exists
-    with open(SCORES_CSV) as f:
-        table = {r["game"]: (float(r["random"]), float(r["human"])) for r in csv.DictReader(f) if r["human"]}
-    assert table == dqn.RANDOM_HUMAN_SCORES
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -797,7 +760,8 @@ def test_a_kill_between_the_replay_and_the_checkpoint_write_leaves_a_consistent_
     path = run(total_timesteps=300, **kw)["checkpoint"]
     own = dict(np.load(dqn.replay_path(path, 300)))
     killed = dqn.FrameReplay(2000, 1)  # what a later write would have put down before the kill: another memory
-    killed.add(np.zeros((1, 84, 84), np.uint8), np.zeros(1), np.zeros(1), np.zeros(1), np.ones(1, bool), np.zeros(1))
+    killed.add(frames=np.zeros((1, 84, 84), np.uint8), actions=np.zeros(1), rewards=np.zeros(1), terminals=np.zeros(1),
+               valid=np.ones(1, bool), history=np.zeros(1))  # fmt: skip
     dqn.save_replay(path, killed, 350)
     ckpt = torch.load(path, weights_only=True)
     loaded = dqn.load_replay(path, ckpt["replay"])

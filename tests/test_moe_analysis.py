@@ -14,6 +14,14 @@ import dqn_softmoe as dqn
 from benchmark import moe_analysis as analysis
 
 
+def qnet(num_actions, encoder="impala", moe="softmoe", num_experts=None, tokenization=None, **kw):
+    """The script's QNetwork for these options (the reference's defaults for the rest, as main() fills them)."""
+    args = dqn.fill_defaults(
+        dqn.Args(encoder=encoder, moe=moe, num_experts=num_experts, tokenization=tokenization, **kw)
+    )
+    return dqn.build_network(args, num_actions)
+
+
 def random_batch(size: int = 8, num_actions: int = 3) -> dict:
     return {
         "states": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8),
@@ -62,7 +70,7 @@ def test_soft_moe_starts_as_average_pooling_on_the_nature_cnn():
     """Phi's lecun_normal init against the encoder's small tokens gives logits of ~0.01: at initialisation every slot
     averages all 121 tokens (the routing statistics' reason to exist; see the README's Atari 100k results)."""
     torch.manual_seed(3)
-    net = dqn.QNetwork(4, "nature", moe="softmoe", num_experts=4)
+    net = qnet(4, "nature", moe="softmoe", num_experts=4)
     _, aux = net(torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8), return_aux=True)
     out = analysis.routing_statistics({k: v.detach() for k, v in aux.items()})
     assert out["routing_dispatch_entropy"] > 0.999 and out["routing_combine_entropy"] > 0.999
@@ -71,7 +79,7 @@ def test_soft_moe_starts_as_average_pooling_on_the_nature_cnn():
 
 def test_empirical_ntk_is_the_gram_matrix_of_per_sample_gradients_in_any_number_of_passes():
     torch.manual_seed(8)
-    net = dqn.QNetwork(3, "nature", moe="softmoe", num_experts=2, tokenization="perfeat", expert_width=8)
+    net = qnet(3, "nature", moe="softmoe", num_experts=2, tokenization="perfeat", expert_width=8)
     states, actions, targets = (
         torch.randint(0, 256, (4, 4, 84, 84), dtype=torch.uint8),
         torch.tensor([0, 1, 2, 0]),

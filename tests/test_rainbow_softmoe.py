@@ -21,9 +21,16 @@ import torch
 import dqn_softmoe as dqn
 import rainbow_softmoe as rb
 from benchmark import moe_analysis
+from envs import atari
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "algos", "rainbow_softmoe.py")
+
+
+def qnet(num_actions, encoder="impala", moe="softmoe", num_experts=None, tokenization=None, **kw):
+    """The script's QNetwork for these options (the reference's defaults for the rest, as main() fills them)."""
+    args = rb.fill_defaults(rb.Args(encoder=encoder, moe=moe, num_experts=num_experts, tokenization=tokenization, **kw))
+    return rb.build_network(args, num_actions)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -104,7 +111,7 @@ def test_double_dqn_takes_the_argmax_of_the_online_network():
 
 def test_dueling_aggregation_and_expected_q():
     torch.manual_seed(2)
-    net = rb.QNetwork(3, "nature", "none", num_atoms=5, v_min=-2, v_max=2, noisy=False, dueling=True)
+    net = qnet(3, "nature", "none", num_atoms=5, v_min=-2, v_max=2, noisy=False, dueling=True)
     x = torch.randint(0, 256, (4, 4, 84, 84), dtype=torch.uint8)
     q, aux = net(x, return_aux=True)
     h = aux["head_input"]
@@ -112,7 +119,7 @@ def test_dueling_aggregation_and_expected_q():
     torch.testing.assert_close(aux["logits"], value + advantage - advantage.mean(1, keepdim=True))
     torch.testing.assert_close(q, (torch.softmax(aux["logits"], -1) * torch.linspace(-2, 2, 5)).sum(-1))
     assert aux["logits"].shape == (4, 3, 5) and net.support.tolist() == [-2, -1, 0, 1, 2]
-    scalar = rb.QNetwork(3, "nature", "none", num_atoms=1, noisy=False)
+    scalar = qnet(3, "nature", "none", num_atoms=1, noisy=False)
     q, aux = scalar(x, return_aux=True)
     torch.testing.assert_close(q, aux["logits"][..., 0])  # num_atoms 1: Q is the single logit
 
@@ -197,12 +204,13 @@ class ScriptedEnvs:
 def test_n_step_returns_across_episode_ends_with_several_envs():
     envs = ScriptedEnvs([[3, 7, 2], [5, 1, 9], [4]])
     replay = rb.FrameReplay(3 * 200, 3)
-    tracker = rb.EpisodeTracker(3, False, False, envs.info())
+    tracker = atari.EpisodeTracker(3, "dopamine", envs.info())
     obs, log = envs.stack.copy(), []  # log[t][k] = (reward, terminal, valid) of row t
     for _ in range(120):
         next_obs, reward, terminated, truncated, info = envs.step()
         step = tracker.step(reward, terminated, truncated, info)
-        replay.add(obs[:, -1], np.zeros(3), reward, step.terminal, step.valid, step.history)  # unclipped, to see sums
+        replay.add(frames=obs[:, -1], actions=np.zeros(3), rewards=reward, terminals=step.terminal, valid=step.valid,
+                   history=step.history)  # unclipped, to see sums  # fmt: skip
         log.append([(reward[k], step.terminal[k], step.valid[k]) for k in range(3)])
         obs = next_obs
     gamma, n = 0.9, 3
@@ -260,12 +268,13 @@ def test_prioritised_sampling_frequencies_follow_the_priorities():
 def test_importance_weights_by_hand():
     envs = ScriptedEnvs([[50], [50]])
     replay = rb.FrameReplay(2 * 100, 2, prioritized=True)
-    tracker = rb.EpisodeTracker(2, False, False, envs.info())
+    tracker = atari.EpisodeTracker(2, "dopamine", envs.info())
     obs = envs.stack.copy()
     for _ in range(40):
         next_obs, reward, terminated, truncated, info = envs.step()
         step = tracker.step(reward, terminated, truncated, info)
-        replay.add(obs[:, -1], np.zeros(2), reward, step.terminal, step.valid, step.history)
+        replay.add(frames=obs[:, -1], actions=np.zeros(2), rewards=reward, terminals=step.terminal, valid=step.valid,
+                   history=step.history)  # fmt: skip
         obs = next_obs
     assert np.all(replay.tree.get(np.arange(80)) == 1.0)  # every new row got the largest priority so far (1)
     rng = np.random.default_rng(6)
@@ -426,11 +435,11 @@ def test_the_code_shared_with_dqn_is_byte_identical():
         return text[start : text.index('if __name__ == "__main__":', start)]
 
     assert shared_block(rb) == shared_block(dqn)
-    names = ("make_env Step EpisodeTracker lecun_normal_ xavier_layer same_padding pad_same conv_same NatureEncoder "
-             "tokenize l2_normalize soft_moe top1_route importance_loss load_loss load_balancing_loss count_parameters "
-             "epsilon_schedule select_actions make_optimizer GraphedUpdate GraphedPolicy period_crossed eta "
-             "iteration_returns read_checkpoint restore replay_path save_replay remove_stale_replays load_replay "
-             "EpisodeVideo").split()  # fmt: skip
+    names = ("lecun_normal_ xavier_layer same_padding pad_same conv_same NatureEncoder tokenize l2_normalize soft_moe "
+             "top1_route importance_loss load_loss load_balancing_loss count_parameters build_network architecture "
+             "epsilon_schedule make_optimizer to_tensors GraphedUpdate GraphedPolicy period_crossed eta "
+             "iteration_returns read_checkpoint restore replay_path save_replay remove_stale_replays "
+             "load_replay").split()  # fmt: skip
     for name in names:
         assert inspect.getsource(getattr(rb, name)) == inspect.getsource(getattr(dqn, name)), name
 

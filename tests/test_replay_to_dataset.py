@@ -10,6 +10,7 @@ import numpy as np
 import cql_softmoe as cql
 import dqn_softmoe as dqn
 from benchmark import replay_to_dataset as convert
+from envs import atari
 
 
 def play(steps: int, capacity: int, num_envs: int = 2, seed: int = 3):
@@ -17,17 +18,18 @@ def play(steps: int, capacity: int, num_envs: int = 2, seed: int = 3):
     frames per episode: many time-limit cuts), and the episodes as the dataset must hold them, in the order they end:
     each a list of (frame, action, clipped reward, terminal), the episodes still running at the end cut (terminal)."""
     args = dqn.Args(env_id="ALE/Breakout-v5", protocol="nature", num_envs=num_envs, max_episode_frames=400)
-    envs = dqn.make_env(args, "breakout", num_envs)
+    envs = atari.make_env(args.protocol, "breakout", num_envs, args.max_episode_frames)
     replay, rng = dqn.FrameReplay(capacity, num_envs), np.random.default_rng(seed)
     obs, info = envs.reset(seed=seed)
-    tracker = dqn.EpisodeTracker(num_envs, True, False, info)
+    tracker = atari.EpisodeTracker(num_envs, args.protocol, info)
     running, ended, first_row, cuts = [[] for _ in range(num_envs)], [], {}, 0
     for t in range(steps):
         actions = rng.integers(0, envs.single_action_space.n, size=num_envs).astype(np.int32)
         next_obs, reward, terminated, truncated, info = envs.step(actions)
         step = tracker.step(reward, terminated, truncated, info)
         clipped = np.clip(reward, -1, 1)
-        replay.add(obs[:, -1], actions, clipped, step.terminal, step.valid, step.history)
+        replay.add(frames=obs[:, -1], actions=actions, rewards=clipped, terminals=step.terminal, valid=step.valid,
+                   history=step.history)  # fmt: skip
         for k in np.flatnonzero(step.acted):
             end = bool(step.terminal[k] or not step.valid[k])
             cuts += not step.terminal[k] and not step.valid[k]

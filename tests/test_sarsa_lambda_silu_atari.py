@@ -20,7 +20,7 @@ import sarsa_lambda_silu_atari as sarsa
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "algos", "sarsa_lambda_silu_atari.py")
-SCORES_CSV = os.path.join(ROOT, "benchmark", "atari_scores.csv")  # random / human / DQN reference scores
+SCORES_CSV = os.path.join(ROOT, "envs", "atari_scores.csv")  # random / human / DQN reference scores
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -281,7 +281,7 @@ def test_defaults_follow_section_3_3():
     assert args.clip_rewards and not args.fire_reset and args.num_envs == 1
     table2 = [f"ALE/{game}-v5" for game in sarsa.TABLE2_SCORES]
     assert len(table2) == 12 and args.env_id == table2[0]  # Alien, the first game of Table 2
-    assert all(sarsa.game_from_env_id(g) for g in table2)
+    assert all(sarsa.atari.game_from_env_id(g) for g in table2)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -368,7 +368,7 @@ def test_episode_tracker_counts_raw_scores_and_skips_reset_steps():
 # Scores (Table 2)
 # ----------------------------------------------------------------------------------------------------------------------
 def test_dqn_normalised_scores_reproduce_table_2_summary_rows():
-    games = [sarsa.camel_name(sarsa.game_from_env_id(f"ALE/{g}-v5")) for g in sarsa.TABLE2_SCORES]
+    games = [sarsa.atari.camel_name(sarsa.atari.game_from_env_id(f"ALE/{g}-v5")) for g in sarsa.TABLE2_SCORES]
     assert games == list(sarsa.TABLE2_SCORES)
     final = [sarsa.dqn_normalized(sarsa.TABLE2_SCORES[g][2], g) for g in games]
     best = [sarsa.dqn_normalized(sarsa.TABLE2_SCORES[g][3], g) for g in games]

@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BLOCK = 100
-RANDOM = 210.0  # Mnih et al. (2015)'s random agent, the score Table 2's normalisation uses; benchmark/atari_scores.csv
+RANDOM = 210.0  # Mnih et al. (2015)'s random agent, the score Table 2's normalisation uses; envs/atari_scores.csv
 RUNS = [  # (episodes.csv glob, label, tau_k, colour)
     (os.path.join(HERE, "Asterix__reduced_tauk0.005*", "episodes.csv"),  # the last segment holds the whole history
      "tau_k 0.005 (paper schedule compressed 10x)", 0.005, "tab:blue"),
