@@ -2,8 +2,9 @@
 
     python milestone.py pack runs/<run>/td_lambda_tetris.pt state.npz      # what gets committed (~4 MB at 40 runs)
     python milestone.py unpack state.npz resume.pt                         # then: bash command.sh --resume resume.pt
-    python milestone.py table runs/<run>/td_lambda_tetris.pt 25000          # the table and Fig. 2 at episode 25,000
     python milestone.py rates train_log.txt rates.csv                     # placements/s over the run, per segment
+
+Table 1, its tests and Fig. 2 from packs or checkpoints: settle.py.
 
 A checkpoint holds every episode's score and length (40 runs x 200k episodes: ~100 MB at the end), too much for git.
 `pack` keeps everything that training reads (the learner's parameters and traces, the games in progress, the random
@@ -14,10 +15,7 @@ that resumes the run exactly; in it, the episodes of the summed blocks hold thei
 keep the block's placements (so per-block means and totals are right, per-episode values inside those blocks are not).
 """
 
-import itertools
 import json
-import math
-import os
 import sys
 
 import numpy as np
@@ -98,94 +96,6 @@ def unpack(path: str, out: str):
     print(f"{out}: resumes at episodes {episodes.min():,}-{episodes.max():,} per run")
 
 
-# Table 1: final average score (mean ± sd) and final best score (the best run's mean ± the sd of its episodes)
-PAPER = {
-    "dsilu": (263, 80, 320, 87),
-    "sigmoid": (232, 75, 293, 73),
-    "silu": (214, 74, 253, 83),
-    "relu": (191, 58, 227, 76),
-}
-
-
-def table(ckpt_path: str, at: str):
-    """Table 1 at episode `at` of every run (its episodes at-1000 .. at-1), beside the paper's (mean ± sd, best run ±
-    sd), the ordering with the z of each gap, and Fig. 2 (mean score per 1,000 episodes up to `at`: each activation's
-    mean of the runs, and each run) as CSV and PNG here."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ckpt, at = torch.load(ckpt_path, map_location="cpu", weights_only=True), int(at)
-    if int(ckpt["episodes"].min()) < at:
-        raise SystemExit(
-            f"error: the slowest run of {ckpt_path} is at episode {int(ckpt['episodes'].min()):,} < {at:,}"
-        )
-    scores, n = ckpt["scores"][:, :at].double().numpy(), ckpt["num_runs"]
-    acts = ckpt["architecture"]["activation"].split("+")
-    rows = [
-        "| activation | ours: mean ± sd (episodes) | sd over runs | best run ± sd (episodes) | paper: mean ± sd "
-        "| paper best ± sd | within the paper's mean ± sd (gap; z over runs) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    run_means, episodes = {}, {}
-    curves = {"episode": np.arange(1000, at + 1, 1000)}
-    # top: the mean of the runs, every activation; below: each activation's runs (Fig. 2's thin dashed lines)
-    fig, axes = plt.subplot_mosaic([["mean"] * len(acts), acts], figsize=(9, 7), height_ratios=[3, 2], sharey=True)
-    ax = axes["mean"]
-    for k, act in enumerate(acts):
-        last = scores[k * n : (k + 1) * n, at - 1000 :]  # (runs, 1000)
-        per_run = last.mean(1)
-        mean, best = per_run.mean(), per_run.argmax()
-        p = PAPER[act]
-        run_means[act], episodes[act] = per_run, last.ravel()
-        inside = "yes" if abs(mean - p[0]) <= p[1] else "no"
-        z_paper = (mean - p[0]) / (per_run.std(ddof=1) / np.sqrt(n))  # against the paper's mean, over our runs
-        rows.append(
-            f"| {act} | {mean:.1f} ± {last.std():.1f} | {per_run.std():.1f} "
-            f"| {per_run[best]:.1f} ± {last[best].std():.1f} | {p[0]} ± {p[1]} | {p[2]} ± {p[3]} "
-            f"| {inside} ({mean - p[0]:+.1f}; z {z_paper:+.1f}) |"
-        )
-        per_block = scores[k * n : (k + 1) * n].reshape(n, -1, 1000).mean(2)  # (runs, blocks)
-        curve = curves[act] = per_block.mean(0)
-        (line,) = ax.plot(curves["episode"], curve, lw=2, label=f"{act} ({n} runs; final {mean:.0f}, paper {p[0]})")
-        for r in range(n):
-            curves[f"{act}_run{r}"] = per_block[r]
-            axes[act].plot(curves["episode"], per_block[r], color=line.get_color(), ls="--", lw=0.6)
-        for a in (ax, axes[act]):
-            a.axhline(p[0], color=line.get_color(), ls=":", lw=1)
-        axes[act].set_title(f"{act}: {n} runs", fontsize=8)
-        axes[act].set_xlabel("episode", fontsize=8)
-        axes[act].tick_params(labelsize=7)
-    print("\n".join(rows))
-    # the ordering, and the z of each neighbouring gap: difference of the means over its standard error, with the run
-    # means as the samples (n runs each; the honest test, as a run's episodes are not independent of each other), and
-    # with the episodes pooled (n x 1,000 each; the paper reports "p < 0.0001" between all four without naming its
-    # test or sample, and pooled episodes give p values of that size where 10 run means would need tight runs)
-    order = sorted(run_means, key=lambda a: -run_means[a].mean())
-    gaps = []
-    for a, b in itertools.pairwise(order):
-        z = [
-            (x.mean() - y.mean()) / np.sqrt(x.var(ddof=1) / len(x) + y.var(ddof=1) / len(y))
-            for x, y in ((run_means[a], run_means[b]), (episodes[a], episodes[b]))
-        ]
-        p_pooled = math.erfc(z[1] / 2**0.5) / 2  # one-sided, normal approximation (10,000 episodes a side)
-        gaps.append(f"{a} > {b} (z {z[0]:.1f} over runs; {z[1]:.1f} over pooled episodes, p {p_pooled:.0e})")
-    print(f"ordering: {', '.join(gaps)}; the paper's: dsilu > sigmoid > silu > relu")
-    here = os.path.dirname(os.path.abspath(__file__))
-    names = ["episode", *acts] + [k for k in curves if "_run" in k]  # the means first, then every run
-    np.savetxt(os.path.join(here, "learning_curves.csv"), np.column_stack([curves[k] for k in names]), fmt="%.3f",
-               delimiter=",", header=",".join(names), comments="")  # fmt: skip
-    ax.set(xlabel="episode", ylabel="mean score per 1,000 episodes")
-    axes[acts[0]].set_ylabel("per run", fontsize=8)
-    ax.set_title(
-        f"SZ-Tetris, shallow, {at:,} of 200,000 episodes per run (dotted: the paper's final score)", fontsize=9
-    )
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(here, "learning_curves.png"), dpi=110)
-
-
 def rates(log_path: str, out: str):
     """placements/s over the run from the training log: per window of ~10 minutes of each segment (a process from its
     start or resume to its end; its progress lines count placements and time from that start), to `out` as CSV, and
@@ -194,7 +104,7 @@ def rates(log_path: str, out: str):
 
     segments, line = [], re.compile(r"episodes ([\d,]+)/.*\| placements ([\d,]+) \| ([\d,]+) placements/s")
     for text in open(log_path):
-        if ": 10 run(s) each of" in text:  # a process's first line
+        if " run(s) each of " in text:  # a process's first line
             segments.append([])
         elif m := line.match(text):
             episode, placements, rate = (int(g.replace(",", "")) for g in m.groups())
@@ -217,7 +127,7 @@ def rates(log_path: str, out: str):
 
 
 if __name__ == "__main__":
-    commands = {"pack": pack, "unpack": unpack, "table": table, "rates": rates}
+    commands = {"pack": pack, "unpack": unpack, "rates": rates}
     if len(sys.argv) != 4 or sys.argv[1] not in commands:
         raise SystemExit(__doc__)
     commands[sys.argv[1]](sys.argv[2], sys.argv[3])
