@@ -21,11 +21,11 @@ inside. Three parts (`--parts`):
 Not compared: the noise draws themselves (a different random generator; the NoisyLinear docstring says how the two
 share noise), random Phi (ditto) and `--impala-kernel 4|6` (the reference's Stack hard-codes 3x3).
 
-The reference's `FullRainbowMoENetwork` cannot run its own baseline branch: it returns a hidden activation that it
-never assigned (`shared/reference/softmoe_dopamine.md` §3). This script adds that one assignment in memory, as
-`ImpalaMoE` has it, and changes nothing else. Modules the code only touches in functions not called here
-(atari_lib, continuous_networks, tensorflow, tensorflow_probability, snappy, the statistics and offline replay
-modules) are stubbed while it is imported.
+The reference's `FullRainbowMoENetwork` cannot run its own baseline branch: it returns a hidden activation that it never
+assigned (`labs/moes/architectures/networks.py`: its `moe_type='BASELINE'` path). This script adds that one assignment
+in memory, as `ImpalaMoE` has it, and changes nothing else. Modules the code only touches in functions not called here
+(atari_lib, continuous_networks, tensorflow, tensorflow_probability, snappy, the statistics and offline replay modules)
+are stubbed while it is imported.
 
 Setup (JAX and Flax are not in requirements.txt; they live in a second venv):
     python -m venv .refvenv && .refvenv/bin/pip install torch==2.13.0 jax flax chex gin-config absl-py \

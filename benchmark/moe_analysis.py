@@ -1,5 +1,6 @@
-"""Fig. 10's network statistics (Obando-Ceron et al. 2024, §4; the reference's metrics: softmoe_dopamine.md §7) from
-the snapshots a training run writes with --snapshot-every (by default every 250k agent steps).
+"""Fig. 10's network statistics (Obando-Ceron et al. 2024, §4.3; the reference's metrics: dopamine/labs/moes/agents and
+dopamine/labs/redo/weight_recyclers.py for dormant neurons) from the snapshots a training run writes with --snapshot-
+every (by default every 250k agent steps).
 
     python benchmark/moe_analysis.py runs/<run>                      # every snapshot of the run
     python benchmark/moe_analysis.py runs/<run>/snapshots/dqn_softmoe_250000.pt --ntk-memory-mb 2048

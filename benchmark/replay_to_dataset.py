@@ -1,6 +1,7 @@
 """An offline dataset in the DQN Replay Dataset's on-disk format (Agarwal et al. 2020: Dopamine's logged replay buffer,
-as batch_rl wrote it; softmoe_dopamine.md §6) from the replay memory that dqn_softmoe.py saves with its checkpoint
-(--save-model --checkpoint-replay), for `cql_softmoe.py --dataset-dir DIR`.
+as batch_rl's logged_replay_buffer.py wrote it, in the format of dopamine/tf/replay_memory/circular_replay_buffer.py)
+from the replay memory that dqn_softmoe.py saves with its checkpoint (--save-model --checkpoint-replay), for
+`cql_softmoe.py --dataset-dir DIR`.
 
     python algos/dqn_softmoe.py --env-id ALE/Breakout-v5 --encoder nature --moe none --num-envs 4 \
         --total-timesteps 500000 --buffer-size 510000 --save-model --checkpoint-replay --exp-name cql_dataset

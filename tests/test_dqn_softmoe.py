@@ -106,7 +106,7 @@ def test_random_phi_is_redrawn_at_every_call_and_is_not_a_parameter():
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Parameter counts (softmoe_dopamine.md §1.2, §1.4)
+# Parameter counts (the reference's networks: dopamine/labs/moes/architectures/softmoe.py and networks.py)
 # ----------------------------------------------------------------------------------------------------------------------
 def parts(net):
     return {name: dqn.count_parameters(child) for name, child in net.named_children()}
@@ -157,7 +157,7 @@ def test_slots_per_expert(encoder, tokenization, experts, slots):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Top1-MoE and the load-balancing losses (softmoe_dopamine.md §2)
+# Top1-MoE and the load-balancing losses (dopamine/labs/moes/architectures/moe.py, routers.py, agents/losses.py)
 # ----------------------------------------------------------------------------------------------------------------------
 def test_top1_capacity_token_order_dropping_and_gate_scaling():
     torch.manual_seed(5)

@@ -321,7 +321,7 @@ def test_augmentation_shifts_by_at_most_4_pixels_and_scales_each_image():
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Presets and defaults (softmoe_dopamine.md §5.2-5.4)
+# Presets and defaults (dopamine/labs/moes/configs/full_rainbow.gin, DER.gin; labs/atari_100k/configs/DrQ_eps.gin)
 # ----------------------------------------------------------------------------------------------------------------------
 def test_defaults_are_full_rainbow_gin():
     args = rb.fill_defaults(rb.Args())
