@@ -1178,9 +1178,9 @@ class Run:
         if self.learning_since is None and updates > self.start_updates:
             self.learning_since = (now, global_step)
         if now - self.t_log >= args.log_every_seconds:
-            sps = (global_step - self.start_step) / (now - self.t_start)
+            sps = (global_step - self.start_step) / max(now - self.t_start, 1e-9)
             t0, step0 = self.learning_since or (now, global_step)
-            learning_sps = (global_step - step0) / (now - t0) if now - t0 >= args.log_every_seconds else 0.0
+            learning_sps = (global_step - step0) / (now - t0) if now - t0 >= max(args.log_every_seconds, 1e-9) else 0.0
             self.losses = {k: float(v) for k, v in metrics.items() if torch.is_tensor(v) and v.dim() == 0}
             for k, v in self.losses.items():  # every scalar of the loss's metrics
                 writer.add_scalar(f"losses/{k}", v, global_step)

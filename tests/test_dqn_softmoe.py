@@ -6,6 +6,7 @@ import functools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -565,8 +566,9 @@ def test_train_step_is_the_loss_backward_and_adam_step_and_reports_phis_gradient
         assert all(torch.equal(a, b) for a, b in zip(nets[0].parameters(), nets[1].parameters(), strict=True))
         if kw["moe"] == "softmoe" and not kw.get("random_phi"):
             assert torch.equal(metrics["phi_grad_rms"], nets[1].moe.phi.grad.pow(2).mean().sqrt())
+            assert torch.equal(metrics["phi_norm"], nets[1].moe.phi.detach().norm())  # after the step: losses/phi_norm
         else:
-            assert "phi_grad_rms" not in metrics
+            assert "phi_grad_rms" not in metrics and "phi_norm" not in metrics
 
 
 def test_phi_adam_eps_gives_phi_its_own_eps_and_leaves_the_rest_at_adam_eps():
@@ -879,3 +881,25 @@ def test_the_eta_uses_the_rate_since_learning_started_and_is_a_lower_bound_befor
     ]
     assert dqn.eta(100, 0.0, 0.0) == "ETA ?"
     run.writer.close()
+
+
+def test_every_scalar_of_the_metrics_reaches_tensorboard_and_the_summary_with_the_code_that_ran(tmp_path, monkeypatch):
+    """A fork adds a term to the loss's metrics dict and nothing else: it is logged as losses/<name> and kept in
+    summary.json's "losses"; tensors that are not scalars (the per-sample loss, the activations) are not logged."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.chdir(tmp_path)
+    args = dqn.fill_defaults(dqn.Args(moe="none", encoder="nature", total_timesteps=10_000, log_every_seconds=0.0))
+    net = dqn.build_network(args, 4)
+    run = dqn.Run(args, "breakout", net, net, None, dqn.FrameReplay(100, 1), None, "cpu", 0, 0, [])
+    metrics = {"td_loss": torch.tensor(0.5), "a_new_term": torch.tensor(2.0), "per_sample_loss": torch.ones(3)}
+    run.log_step(100, [], None, 1.0, 1, metrics | {"aux": {"hidden": torch.ones(2, 2)}})
+    run.write_outputs(100, 1, complete=False)
+    run.writer.close()
+    saved = json.loads((tmp_path / "runs" / run.run_name / "summary.json").read_text())
+    assert saved["losses"] == {"td_loss": 0.5, "a_new_term": 2.0}
+    events = EventAccumulator(str(tmp_path / "runs" / run.run_name))
+    events.Reload()
+    assert {"losses/td_loss", "losses/a_new_term"} <= set(events.Tags()["scalars"])
+    assert "losses/per_sample_loss" not in events.Tags()["scalars"]
+    assert re.fullmatch("[0-9a-f]{40}", saved["code"]["commit"]) and isinstance(saved["code"]["uncommitted"], list)
