@@ -10,6 +10,7 @@ routing statistics, `analysis/*`, and `losses/phi_grad_rms`, logged once a minut
 
 import csv
 import glob
+import itertools
 import json
 import os
 import re
@@ -111,6 +112,24 @@ def plot(runs: list[tuple[dict, dict, dict[str, list[tuple[int, float]]]]], path
     fig.savefig(path, dpi=90)
 
 
+# Soft MoE against the baseline of its network, on the training return over the last 100 episodes (one value per seed)
+COMPARISONS = (("impala8_softmoe", "impala8_none"), ("nature4_softmoe", "nature_none"),
+               ("normalize_softmoe", "nature_none"), ("phieps_softmoe", "nature_none"))  # fmt: skip
+
+
+def exact_permutation_p(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """Over every way of splitting the pooled seeds into groups of len(a) and len(b): the share whose difference of
+    means is at least ours (one-sided, a above b) and whose |difference| is at least ours (two-sided); and the smallest
+    one-sided p these group sizes allow (1 / the number of splits)."""
+    pooled, observed = a + b, statistics.mean(a) - statistics.mean(b)
+    splits = list(itertools.combinations(range(len(pooled)), len(a)))
+    total = sum(pooled)
+    diffs = [sum(pooled[i] for i in idx) / len(a) - (total - sum(pooled[i] for i in idx)) / len(b) for idx in splits]
+    one = sum(d >= observed - 1e-9 for d in diffs) / len(diffs)
+    two = sum(abs(d) >= abs(observed) - 1e-9 for d in diffs) / len(diffs)
+    return one, two, 1 / len(diffs)
+
+
 def fmt(x, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
@@ -141,6 +160,15 @@ def main():
         print(f"| {arm[0]}{' (earlier)' if arm[1] else ''} | {', '.join(str(r['seed']) for r in group)} | "
               f"{', '.join(f'{v:.1f}' for v in evals)} | {statistics.mean(evals):.1f} | "
               f"{', '.join(f'{v:.1f}' for v in trains)} | {statistics.mean(trains):.1f} |")  # fmt: skip
+    print("\nExact permutation tests, training return (last 100 episodes), one value per seed:")
+    print("| Soft MoE arm | baseline | seeds | means | one-sided p (above) | two-sided p | smallest one-sided p |")
+    print("|---|---|---|---|---|---|---|")
+    for arm_a, arm_b in COMPARISONS:
+        a, b = ([r["train_last_100"] for r in rows if r["arm"] == arm and not r["earlier"]] for arm in (arm_a, arm_b))
+        if len(a) >= 2 and len(b) >= 2:
+            one, two, least = exact_permutation_p(a, b)
+            print(f"| {arm_a} | {arm_b} | {len(a)} v {len(b)} | {statistics.mean(a):.1f} v {statistics.mean(b):.1f} | "
+                  f"{one:.3g} | {two:.3g} | {least:.3g} |")  # fmt: skip
     print("\nTraining return per iteration of 10k steps:")
     for r in rows:
         if not r["earlier"]:
