@@ -14,17 +14,15 @@ clears), on-policy and online:
 `shallow`: 460 (260 on 10x10) binary features -> hidden units (SiLU, dSiLU, ReLU or sigmoid) -> linear output;
 `deep`: raw board -> conv 15 5x5 -> max-pool -> conv 50 5x5 -> max-pool -> fc 250 -> linear output (§3.1).
 `--num-runs N` trains N independent agents per activation as one batched computation (a leading run dimension).
-Table 3 and Fig. 6 (evaluation without learning) are benchmark/tetris_eval.py, which imports this file.
+Where the paper is silent (binary encoding, game over, padding, initialisation, reward timing) the code marks our
+choice; the docs page lists them. Table 3 and Fig. 6 (no learning) are benchmark/tetris_eval.py, which imports this.
 
     python algos/td_lambda_tetris.py --activation dsilu sigmoid silu relu --num-runs 10 --compile   # Table 1
     python algos/td_lambda_tetris.py --env-id envs/Tetris10x10-v0 --num-runs 5 --compile            # Fig. 4
 """
 
-from __future__ import annotations
-
 import contextlib
 import copy
-import csv
 import functools
 import importlib.util
 import json
@@ -42,11 +40,11 @@ import torch
 import torch.nn.functional as F
 import tyro
 from torch import nn
-from torch.func import functional_call, grad, stack_module_state, vmap
+from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 from torch.utils.tensorboard import SummaryWriter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs import tetris  # noqa: E402
+from envs import code_version, tetris  # noqa: E402
 
 PAPER_FINAL_SCORES = {  # Table 1 (SZ-Tetris, final 1,000 episodes: shallow, then deep) and §3.2 (10x10, final 10,000)
     **{("envs/SZTetris-v0", a): v for a, v in dict(silu=214, relu=191, dsilu=263, sigmoid=232).items()},
@@ -56,6 +54,7 @@ PAPER_FINAL_SCORES = {  # Table 1 (SZ-Tetris, final 1,000 episodes: shallow, the
 SHALLOW_ACTIVATIONS = ("silu", "dsilu", "relu", "sigmoid")
 DEEP_ACTIVATIONS = ("silu-dsilu", "silu-silu", "relu-relu")
 CHECKPOINT_FORMAT = "td_lambda_tetris/1"
+GAME_STATE = ("boards", "states", "pieces", "holes_now", "decay", "score", "length")  # the checkpoint's games
 
 
 @dataclass
@@ -75,8 +74,7 @@ class Args:
     wandb_entity: str | None = None
     """the wandb entity (team)"""
     save_model: bool = False
-    """save runs/{run_name}/td_lambda_tetris.pt (parameters, traces, games in progress, generator, score history) at
-    the end and every --write-every-minutes"""
+    """save runs/{run_name}/td_lambda_tetris.pt (all --resume needs) at the end and every --write-every-minutes"""
     resume: str | None = None
     """checkpoint to continue exactly where it stopped; --total-episodes counts from the original start"""
     log_every_seconds: float = 10.0
@@ -84,8 +82,8 @@ class Args:
     write_every_minutes: float = 10.0
     """how often summary.json, the learning curves and (with --save-model) the checkpoint are rewritten"""
     capture_video: bool = False
-    """record the first run of each activation as mp4 in runs/{run_name}/videos/, one frame per placement, for its
-    episodes 0, 1, 8, 27, ..., 729, 1000, 2000, ... (at most 2,000 placements each; needs moviepy)"""
+    """mp4s of each activation's first run in runs/{run_name}/videos/, one frame per placement, for its episodes 0, 1,
+    8, 27, ..., 729, 1000, 2000, ... (at most 2,000 placements each; needs moviepy)"""
 
     env_id: str = "envs/SZTetris-v0"
     """envs/SZTetris-v0 (§3.1), envs/Tetris10x10-v0 (§3.2) or envs/Tetris-v0 (10x20, seven pieces)"""
@@ -106,8 +104,7 @@ class Args:
     holes_scale: float | None = None
     """reward r(s) = exp(-holes / holes_scale) (default: 33 on a 20-row board (eq. 16), 16.5 on 10x10 (eq. 17))"""
     reward_timing: Literal["next", "current"] = "current"
-    """the reward in delta_t: 'current' = r(s_t), the paper's r_t (default, chosen on evidence:
-    results/tetris_reward_timing); 'next' = r(s_{t+1}), 0 when the move ends the game (see `td_reward`)"""
+    """the reward in delta_t: 'current' = r(s_t), the paper's r_t (results/tetris_reward_timing); 'next' = r(s_{t+1})"""
     network: Literal["shallow", "deep"] = "shallow"
     """shallow: binary features -> hidden -> linear; deep: raw board -> 2 conv + pool -> fc 250 -> linear"""
     activation: tuple[str, ...] | None = None
@@ -123,21 +120,14 @@ class Args:
 
 
 def fill_defaults(args: Args) -> Args:
-    """The paper's per-experiment defaults for the fields left at None (§3.1, §3.2)."""
+    """The paper's defaults per experiment for the fields left at None (§3.1, §3.2; eq. 17 halves holes_scale)."""
     sz, deep = args.env_id == "envs/SZTetris-v0", args.network == "deep"
     height = tetris.VARIANTS[tetris.ENV_VARIANTS[args.env_id]][0] if args.env_id in tetris.ENV_VARIANTS else 20
-
-    def default(name, value):
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-
-    default("activation", ("silu-dsilu",) if deep else ("dsilu",))
+    defaults = dict(activation=("silu-dsilu",) if deep else ("dsilu",), total_episodes=200_000 if sz else 400_000,
+                    alpha=0.0001 if deep else 0.001, hidden=50 if sz else 250, final_window=1000 if sz else 10_000,
+                    holes_scale=33.0 * height / 20)  # fmt: skip
+    vars(args).update({name: value for name, value in defaults.items() if getattr(args, name) is None})
     args.activation = (args.activation,) if isinstance(args.activation, str) else tuple(args.activation)
-    default("total_episodes", 200_000 if sz else 400_000)
-    default("alpha", 0.0001 if deep else 0.001)
-    default("hidden", 50 if sz else 250)
-    default("holes_scale", 33.0 * height / 20)  # eq. 17 halves the scale with the board height
-    default("final_window", 1000 if sz else 10_000)
     return args
 
 
@@ -146,9 +136,8 @@ def validate(args: Args) -> str | None:
     if args.env_id not in tetris.ENV_VARIANTS:
         return f"unknown --env-id {args.env_id!r}; choose one of {', '.join(tetris.ENV_VARIANTS)}"
     allowed = SHALLOW_ACTIVATIONS if args.network == "shallow" else DEEP_ACTIVATIONS
-    for act in args.activation:
-        if act not in allowed:
-            return f"--activation {act!r} is not defined for --network {args.network}; choose one of {allowed}"
+    if (act := next((a for a in args.activation if a not in allowed), None)) is not None:
+        return f"--activation {act!r} is not defined for --network {args.network}; choose one of {allowed}"
     if len(set(args.activation)) != len(args.activation):
         return f"--activation lists a value twice: {' '.join(args.activation)}"
     if len(args.activation) > 1 and args.network != "shallow":
@@ -171,9 +160,7 @@ def validate(args: Args) -> str | None:
     return None
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Activations (§2.2)
-# ----------------------------------------------------------------------------------------------------------------------
+# --- Activations (§2.2) -----------------------------------------------------------------------------------------------
 def silu(z):
     """SiLU, eq. 9: a = z sigma(z)."""
     return z * torch.sigmoid(z)
@@ -191,26 +178,21 @@ def dsilu_derivative(z):
     return s * (1 - s) * (2 + z * (1 - s) - z * s)
 
 
-def activation_and_derivative(name: str, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """a(z) and da/dz for the shallow net's hand-derived gradient (eq. 11 for the SiLU, eq. 12 for the dSiLU)."""
-    if name == "silu":
-        return silu(z), dsilu(z)
-    if name == "dsilu":
-        return dsilu(z), dsilu_derivative(z)
-    if name == "relu":
-        return z.clamp_min(0), (z > 0).to(z.dtype)
-    s = torch.sigmoid(z)  # sigmoid
-    return s, s * (1 - s)
-
-
 ACTIVATIONS = {"silu": silu, "dsilu": dsilu, "relu": torch.relu, "sigmoid": torch.sigmoid}
+DERIVATIVES = {  # da/dz for the shallow net's hand-derived gradient (eq. 11 for the SiLU, eq. 12 for the dSiLU)
+    "silu": dsilu, "dsilu": dsilu_derivative, "relu": lambda z: (z > 0).to(z.dtype),
+    "sigmoid": lambda z: torch.sigmoid(z) * (1 - torch.sigmoid(z)),
+}  # fmt: skip
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The shallow network, batched over runs: lazily scaled traces, one fused forward, a hand-derived gradient
-# ----------------------------------------------------------------------------------------------------------------------
+def activation_and_derivative(name: str, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """a(z) and da/dz of the activation `name`."""
+    return ACTIVATIONS[name](z), DERIVATIVES[name](z)
+
+
+# --- The shallow network, batched over runs: lazily scaled traces, one fused forward, a hand-derived gradient ---------
 def init_shallow(num_runs: int, num_features: int, hidden: int, seed: int, device) -> dict[str, torch.Tensor]:
-    """Parameters (leading run dimension). The paper does not give the initialisation; we use PyTorch's nn.Linear
+    """Parameters (leading run dimension). The paper gives no initialisation; our choice is PyTorch's nn.Linear
     default, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases, with run i drawn from seed + i."""
     params = {"W1": [], "b1": [], "w2": [], "b2": []}
     for i in range(num_runs):
@@ -224,9 +206,8 @@ def init_shallow(num_runs: int, num_features: int, hidden: int, seed: int, devic
 
 
 def shallow_indices(heights: torch.Tensor, n_holes: torch.Tensor, height: int, table=None) -> torch.Tensor:
-    """(..., W) heights and (...) holes -> (..., 2W + 1) active rows of the binary input (`binary_feature_indices`)
-    plus row F = the bias b1 as an always-active input (F = binary_feature_length). `table`: the cached
-    `_bias_encoding_table(height, W, device)`, passed in by the compiled step (dynamo warns on cached functions)."""
+    """(..., W) heights and (...) holes -> (..., 2W + 1) active rows of the binary input (our choice of encoding:
+    `tetris.binary_feature_indices`) and row F, the bias b1 as an always-active input; `table`: the encoding's."""
     width = heights.shape[-1]
     lo, hi, offset = _bias_encoding_table(height, width, heights.device) if table is None else table
     bias = torch.zeros_like(n_holes)[..., None]
@@ -237,18 +218,16 @@ def shallow_indices(heights: torch.Tensor, n_holes: torch.Tensor, height: int, t
 @functools.lru_cache(maxsize=16)
 def _bias_encoding_table(height, width, device):
     lo, hi, offset = tetris._encoding_table(height, width, device)
-    F_ = tetris.binary_feature_length(height, width)
-    extra = torch.tensor([[0], [0], [F_]], device=device)
+    extra = torch.tensor([[0], [0], [tetris.binary_feature_length(height, width)]], device=device)
     return torch.cat([torch.stack([lo, hi, offset]), extra], -1)
 
 
 class ShallowTD:
     """The shallow net and its TD(lambda) update for R runs, with the traces held lazily so a step touches only the
-    21 active rows of W1 (eq. 1, 4, 7, 11, 12; tests/test_td_lambda_math.py checks it step by step against the dense
-    update `update_traces_and_params` with autograd's gradient).
+    21 active rows of W1 (eq. 1, 4, 7, 11, 12; tested step by step against the dense `update_traces_and_params`).
 
-    W = [W1; b1] (F + 1 rows, the bias as an always-active input). Per run, e_W = c E and theta_W = U + A E with
-    scalars c, A:
+    W = [W1; b1] (F + 1 rows, the bias as an always-active input). Per run, e_W = c E and theta_W = U + A E, c and A
+    scalars:
         e <- d e + g       is  c <- d c;  E[rows] += g / c;  U[rows] -= A g / c    (theta unchanged)
         theta <- theta + s e   is  A <- A + s c                                    (s = alpha delta)
     When c falls below `fold_below` (every ~11 steps at gamma lambda = 0.5445) or an episode starts (d = 0), the run
@@ -257,79 +236,58 @@ class ShallowTD:
     [w2, b2] and their trace are small and stay dense.
     """
 
+    STATE = ("table", "v", "ev", "c", "A")  # what the fold and the update change: the checkpoint's "traces"
+
     def __init__(self, params: dict, groups: list[tuple[str, int, int]], fold_below: float = 1e-3):
         W1, b1, w2, b2 = params["W1"], params["b1"], params["w2"], params["b2"]
         R, F_, Hd = W1.shape
         self.R, self.F, self.Hd, self.groups, self.fold_below = R, F_, Hd, groups, fold_below
         self.table = W1.new_zeros(R, F_ + 1, 2 * Hd)  # [U | E] per run
-        self.table[:, :F_, :Hd] = W1
-        self.table[:, F_, :Hd] = b1
+        self.table[:, :F_, :Hd], self.table[:, F_, :Hd] = W1, b1
         self.v = torch.cat([w2, b2[:, None]], -1)  # (R, Hd + 1) = [w2, b2]
         self.ev = torch.zeros_like(self.v)  # its trace
-        self.c = W1.new_ones(R)
-        self.A = W1.new_zeros(R)
+        self.c, self.A = W1.new_ones(R), W1.new_zeros(R)
         self.row_offsets = (torch.arange(R, device=W1.device) * (F_ + 1)).view(R, 1, 1)
-        self.U_run = self.table[..., :Hd].unbind(0)  # per-run views for the fold
-        self.E_run = self.table[..., Hd:].unbind(0)
+        self.U_run, self.E_run = self.table[..., :Hd].unbind(0), self.table[..., Hd:].unbind(0)  # views for the fold
 
-    def _by_group(self, fn, z):
+    def _by_group(self, fn: dict, z):
         if len(self.groups) == 1:
-            return fn(self.groups[0][0], z)
-        return torch.cat([fn(name, z[a:b]) for name, a, b in self.groups])
+            return fn[self.groups[0][0]](z)
+        return torch.cat([fn[name](z[a:b]) for name, a, b in self.groups])
 
     def values(self, idx: torch.Tensor):
         """idx (R, N, 21) -> V (R, N), z (R, N, Hd), a(z) (R, N, Hd), all with the current theta."""
-        R, N, K = idx.shape
-        Hd = self.Hd
+        (R, N, K), Hd = idx.shape, self.Hd
         bag = F.embedding_bag((idx + self.row_offsets).view(R * N, K), self.table.view(-1, 2 * Hd), mode="sum")
         bag = bag.view(R, N, 2 * Hd)
         z = torch.addcmul(bag[..., :Hd], bag[..., Hd:], self.A.view(R, 1, 1))  # eq. 7
-        a = self._by_group(lambda name, x: ACTIVATIONS[name](x), z)
+        a = self._by_group(ACTIVATIONS, z)
         value = torch.baddbmm(self.v[:, None, Hd:], a, self.v[:, :Hd, None]).squeeze(-1)  # b2 + sum_k w2_k a_k
         return value, z, a
 
-    def decay_traces(self, decay: torch.Tensor):
+    def decay_traces(self, decay: torch.Tensor, on_host: bool | None = None):
         """The W trace's part of e <- decay e (eq. 4): c <- decay c, then fold the runs whose c fell below
         `fold_below` (an episode start, decay = 0, always folds). Theta is unchanged, so this may run any time between
-        the forward pass and `accumulate`. Data-dependent (which runs fold), so the compiled step leaves it outside."""
-        if self.c.device.type == "cpu":
-            self.fold_on_host(decay)
-        else:
-            self.fold_on_device(decay)
-
-    def fold_on_host(self, decay: torch.Tensor):
-        """`decay_traces` on CPU tensors through numpy views of c and A: no tensor op per step but the folds."""
-        c, A = self.c.numpy(), self.A.numpy()
-        c *= decay.numpy()
-        for r in np.flatnonzero(c < self.fold_below):  # a few runs per step
-            self.U_run[r].add_(self.E_run[r], alpha=float(A[r]))  # U <- U + A E
-            self.E_run[r].mul_(float(c[r]))  # E <- c E
-            c[r], A[r] = 1.0, 0.0
-
-    def fold_on_device(self, decay: torch.Tensor):
-        """`decay_traces` with tensor ops (a GPU): the same arithmetic, one host sync per step."""
-        self.c.mul_(decay)
-        fold = self.c < self.fold_below
-        if bool(fold.any()):
-            runs = fold.nonzero().flatten()
-            for r, A_r, c_r in zip(runs.tolist(), self.A[runs].tolist(), self.c[runs].tolist(), strict=True):
-                self.U_run[r].add_(self.E_run[r], alpha=A_r)
-                self.E_run[r].mul_(c_r)
-            self.c.masked_fill_(fold, 1.0)
-            self.A.masked_fill_(fold, 0.0)
+        the forward pass and `accumulate`; data-dependent, so the compiled step leaves it outside. On a CPU (on_host)
+        through numpy views of c and A (no tensor op but the folds), elsewhere with tensor ops: the same arithmetic."""
+        on_host = self.c.device.type == "cpu" if on_host is None else on_host
+        c, A = (self.c.numpy(), self.A.numpy()) if on_host else (self.c, self.A)
+        c *= decay.numpy() if on_host else decay
+        runs = np.flatnonzero(c < self.fold_below) if on_host else (c < self.fold_below).nonzero().flatten()
+        if len(runs):  # a few runs per step
+            for r, A_r, c_r in zip(runs.tolist(), A[runs].tolist(), c[runs].tolist(), strict=True):
+                self.U_run[r].add_(self.E_run[r], alpha=A_r)  # U <- U + A E
+                self.E_run[r].mul_(c_r)  # E <- c E
+            c[runs], A[runs] = 1.0, 0.0
 
     def accumulate(self, idx_t: torch.Tensor, z_t: torch.Tensor, a_t: torch.Tensor, decay: torch.Tensor, step):
-        """The rest of `learn` once `decay_traces(decay)` has run: e += grad V(s_t), theta += step e. In place and
+        """The rest of the update once `decay_traces(decay)` has run: e += grad V(s_t), theta += step e. In place and
         branch-free (the compiled step's part of the update)."""
         Hd, c = self.Hd, self.c
-        da = self._by_group(lambda name, x: activation_and_derivative(name, x)[1], z_t)
-        g = self.v[:, :Hd] * da / c[:, None]  # dV/dz_k = w2_k a'(z_k) (eq. 11, 12), divided by c
+        g = self.v[:, :Hd] * self._by_group(DERIVATIVES, z_t) / c[:, None]  # dV/dz_k = w2_k a'(z_k) (eq. 11, 12) / c
         values = torch.cat([g * -self.A[:, None], g], -1)  # (R, 2 Hd): U -= A g / c, E += g / c
-        K = idx_t.shape[-1]
-        rows = (idx_t + self.row_offsets[:, 0]).view(-1)
-        self.table.view(-1, 2 * Hd).index_add_(
-            0, rows, values[:, None, :].expand(self.R, K, 2 * Hd).reshape(-1, 2 * Hd)
-        )
+        values = values[:, None, :].expand(self.R, idx_t.shape[-1], 2 * Hd).reshape(-1, 2 * Hd)  # each active row
+        self.table.view(-1, 2 * Hd).index_add_(0, (idx_t + self.row_offsets[:, 0]).view(-1), values)
         self.ev.mul_(decay[:, None])
         self.ev[:, :Hd] += a_t
         self.ev[:, Hd] += 1.0
@@ -342,198 +300,7 @@ class ShallowTD:
         return {"W1": W[:, : self.F], "b1": W[:, self.F], "w2": self.v[:, : self.Hd], "b2": self.v[:, self.Hd]}
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# One training step of every run (the shallow one is what --compile compiles)
-# ----------------------------------------------------------------------------------------------------------------------
-def td_reward(holes_next, game_over, holes_current, holes_scale: float, timing: str) -> torch.Tensor:
-    """The reward in delta_t = r + gamma V(s_{t+1}) - V(s_t), with r(s) = exp(-holes(s) / holes_scale) (eq. 16, 17).
-    'current' (default): r(s_t), the paper's r_t read literally, so V(s) also holds r(s) and a terminal move still
-    earns r(s_t). 'next' (tetris.md §0): r(s_{t+1}), the afterstate moved into, 0 when the move ends the game."""
-    if timing == "current":
-        return torch.exp(-holes_current.float() / holes_scale)
-    return torch.exp(-holes_next.float() / holes_scale).masked_fill(game_over, 0.0)
-
-
-class StepConstants(NamedTuple):
-    """What every step reads and no step changes."""
-
-    gamma: float
-    alpha: float
-    gamma_lambda: float
-    tau0: float
-    tau_k: float
-    holes_scale: float
-    reward_timing: str
-    empty_board: torch.Tensor  # a run whose game ends restarts from these
-    empty_state: torch.Tensor
-    target: torch.Tensor  # (R,) episodes each run trains for
-    encoding: torch.Tensor | None = None  # the shallow net's _bias_encoding_table
-
-
-def choose_and_td_error(s: dict, after, v_t, v_cand, uniform, k: StepConstants):
-    """Softmax selection (eq. 14) at tau(i) (eq. 15) by Gumbel-max on the pre-drawn `uniform`, the reward (eq. 16, 17)
-    and delta_t = r + gamma V(s_{t+1}) - V(s_t) (eq. 2). Afterstates where the piece does not fit are terminal: V = 0
-    (tetris.md §0). Returns action, game_over, holes(s_{t+1}), delta_t and alpha delta_t (0 for finished runs)."""
-    runs = torch.arange(len(v_t), device=v_t.device)
-    v_cand = v_cand.masked_fill(after.game_over, 0.0)
-    tau = temperature(s["episodes"].float(), k.tau0, k.tau_k)
-    action = select_placement(v_cand, tau, after.valid, uniform)
-    game_over = after.game_over[runs, action]
-    holes_next = after.holes[runs, action]
-    reward = td_reward(holes_next, game_over, s["holes_now"], k.holes_scale, k.reward_timing)
-    td_error = reward + k.gamma * v_cand[runs, action] - v_t  # eq. 2 (V(s_{t+1}) = 0 when terminal)
-    return action, game_over, holes_next, td_error, k.alpha * td_error * s["active"]
-
-
-def advance_games(s: dict, after, cand_states, action, game_over, holes_next, td_error, next_pieces, k: StepConstants):
-    """Move every run to s_{t+1} = f(s_t, a_t); a finished game is recorded (runs still learning only) and restarts
-    from the empty board with e = 0 (decay 0 on its first step). Returns the new carry; `episodes`, `scores` and
-    `lengths` are updated in place."""
-    runs = torch.arange(len(action), device=action.device)
-    active, episodes, scores, lengths = s["active"], s["episodes"], s["scores"], s["lengths"]
-    score = s["score"] + after.rows_cleared[runs, action]
-    length = s["length"] + 1
-    placements = s["placements"] + active.sum()  # pieces placed by runs still learning (finished runs idle along)
-    abs_td_sum = s["abs_td_sum"] + td_error.abs() * active
-    boards = torch.where(game_over.view(-1, *[1] * (k.empty_board.dim())), k.empty_board, after.boards[runs, action])
-    states = torch.where(game_over.view(-1, *[1] * (k.empty_state.dim())), k.empty_state, cand_states[runs, action])
-    holes_now = holes_next.masked_fill(game_over, 0)
-    # Eagerly only when some game ended; under torch.compile always (branch-free: record is False elsewhere).
-    if torch.compiler.is_compiling() or bool(game_over.any()):
-        slot = episodes.clamp(max=scores.shape[1] - 1)
-        record = game_over & active
-        scores[runs, slot] = torch.where(record, score, scores[runs, slot])
-        lengths[runs, slot] = torch.where(record, length, lengths[runs, slot])
-        episodes += record
-        active = episodes < k.target
-        score = score.masked_fill(game_over, 0)
-        length = length.masked_fill(game_over, 0)
-    decay = torch.where(game_over, 0.0, k.gamma_lambda)  # the next step's gamma lambda (0 on a first step: e_0 = 0)
-    return {
-        **s,
-        **dict(boards=boards, states=states, pieces=next_pieces, holes_now=holes_now, decay=decay, score=score),
-        **dict(length=length, active=active, placements=placements, abs_td_sum=abs_td_sum),
-    }
-
-
-def shallow_step(
-    learner: ShallowTD, engine: tetris.ColumnEngine, s: dict, uniform, next_pieces, k: StepConstants
-) -> dict:
-    """One placement of every run: every afterstate, V(s_t) and every V(f(s_t, a)) in one forward with theta_t,
-    selection, delta_t, e += grad V(s_t), theta += alpha delta_t e (eq. 1, 2, 4, 14), the games advance. The carry s:
-    boards (R, W) column bits, states (R, 21) input rows of s_t, pieces, holes_now, decay, score, length, active,
-    placements, abs_td_sum, episodes, scores, lengths. `learner.decay_traces(s["decay"])` must run first."""
-    after, cand_states = shallow_afterstates(engine, s, k)
-    return shallow_learn(learner, engine, s, after, cand_states, uniform, next_pieces, k)
-
-
-def shallow_afterstates(engine: tetris.ColumnEngine, s: dict, k: StepConstants):
-    """Every placement's afterstate f(s_t, a) and its input rows (R, P, 21): the integer half of `shallow_step`."""
-    after = engine(s["boards"], s["pieces"])
-    return after, shallow_indices(after.heights, after.holes, engine.height, k.encoding)
-
-
-def shallow_learn(learner: ShallowTD, engine, s: dict, after, cand_states, uniform, next_pieces, k: StepConstants):
-    """The floating-point half of `shallow_step`: forward, selection, TD(lambda) update, the games advance."""
-    P = engine.num_placements
-    v_all, z, a = learner.values(torch.cat([cand_states, s["states"][:, None]], 1))
-    action, game_over, holes_next, td_error, step = choose_and_td_error(s, after, v_all[:, P], v_all[:, :P], uniform, k)
-    learner.accumulate(s["states"], z[:, P], a[:, P], s["decay"], step)
-    return advance_games(s, after, cand_states, action, game_over, holes_next, td_error, next_pieces, k)
-
-
-LEARNER_STATE = ("table", "v", "ev", "c", "A")  # the shallow net's tensors that the fold and the update change
-CARRY_NEW = ("boards", "states", "holes_now", "decay", "score", "length", "active", "placements", "abs_td_sum")
-CARRY_IN_PLACE = ("episodes", "scores", "lengths")  # the record, updated in place
-CARRY = CARRY_NEW + CARRY_IN_PLACE  # the carry tensors the update graph reads, in its argument order
-
-
-@contextlib.contextmanager
-def branch_free_tracing():
-    """The step's data-dependent branches (a row cleared, a game over) take their branch-free side when
-    torch.compiler.is_compiling() is True. make_fx traces one path, so the trace raises the flag that torch.compile
-    and torch.export raise while they trace."""
-    before = torch.compiler._is_compiling_flag
-    torch.compiler._is_compiling_flag = True
-    try:
-        yield
-    finally:
-        torch.compiler._is_compiling_flag = before
-
-
-def compile_graph(fn, example_args: list[torch.Tensor], options: dict):
-    """fn(*tensors) -> tuple of tensors, traced once (make_fx on fake tensors) and compiled by inductor into one graph
-    that is called directly: no torch.compile frame hook, guard check or cache lookup per call, which at 10 runs cost
-    more than the kernels. Nothing is re-checked: the inputs must keep the example's shapes, dtypes and devices, and
-    tensors read from the closure (the engine's tables, StepConstants) are baked in. In-place updates stay in place."""
-    from torch._inductor.compile_fx import compile_fx  # inductor's entry point, the one torch.compile calls
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    with branch_free_tracing():
-        graph = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*example_args)
-    for node in graph.graph.nodes:  # the trace's fake values; inductor propagates its own
-        node.meta.pop("val", None), node.meta.pop("tensor_meta", None)
-    with torch._inductor.config.patch(options):
-        return compile_fx(graph, list(example_args))
-
-
-def compiled_shallow_step(fallback: bool = True):
-    """`shallow_step` as two compiled graphs, built on the first call for that call's engine, constants and shapes:
-    the afterstates (bit arithmetic on int64 boards, compiled with `cpp.simdlen = 1`: inductor's vector code of the
-    ragged W = 10 rows ran 3x slower here) and the update (vector code). fallback=False: no eager fallback."""
-    graphs = {}
-
-    def afterstates_flat(boards, pieces):
-        after, cand_states = shallow_afterstates(graphs["engine"], dict(boards=boards, pieces=pieces), graphs["k"])
-        return (*after, cand_states)
-
-    def learn_flat(*tensors):
-        n_learner, n_carry = len(LEARNER_STATE), len(CARRY)
-        learner_state, carry = tensors[:n_learner], tensors[n_learner : n_learner + n_carry]
-        uniform, next_pieces, *after, cand_states = tensors[n_learner + n_carry :]
-        learner = copy.copy(graphs["learner"])  # the same net with the traced tensors as its state
-        learner.__dict__.update(zip(LEARNER_STATE, learner_state, strict=True))
-        s = dict(zip(CARRY, carry, strict=True))
-        engine, k = graphs["engine"], graphs["k"]
-        s = shallow_learn(learner, engine, s, tetris.Afterstates(*after), cand_states, uniform, next_pieces, k)
-        return tuple(s[key] for key in CARRY_NEW)
-
-    def learn_inputs(learner, s, uniform, next_pieces, after) -> list[torch.Tensor]:
-        return [*(getattr(learner, name) for name in LEARNER_STATE), *(s[key] for key in CARRY), uniform, next_pieces,
-                *after]  # fmt: skip
-
-    def compiled(learner, engine, s, uniform, next_pieces, k):
-        if "learn" not in graphs:  # build both graphs for these objects and shapes
-            graphs.update(learner=learner, engine=engine, k=k)
-            options = {"cpp.simdlen": 1, "cpp_wrapper": True}
-            graphs["afterstates"] = compile_graph(afterstates_flat, [s["boards"], s["pieces"]], options)
-            example = learn_inputs(learner, s, uniform, next_pieces, graphs["afterstates"](s["boards"], s["pieces"]))
-            graphs["learn"] = compile_graph(learn_flat, example, {"cpp_wrapper": True})
-        elif not (learner is graphs["learner"] and engine is graphs["engine"] and k is graphs["k"]):
-            raise ValueError("compiled_shallow_step: one compiled step serves one learner, engine and StepConstants")
-        after = graphs["afterstates"](s["boards"], s["pieces"])
-        new = graphs["learn"](*learn_inputs(learner, s, uniform, next_pieces, after))
-        return {**s, **dict(zip(CARRY_NEW, new, strict=True)), "pieces": next_pieces}
-
-    def step(learner, engine, s, uniform, next_pieces, k):
-        if graphs.get("eager"):
-            return shallow_step(learner, engine, s, uniform, next_pieces, k)
-        try:
-            return compiled(learner, engine, s, uniform, next_pieces, k)
-        except Exception as err:  # noqa: BLE001  (any compiler failure: fall back to eager)
-            if not fallback or "learn" in graphs:
-                raise
-            first_line = (str(err).strip().splitlines() or [""])[0][:200]
-            print(f"warning: compiling the step failed ({type(err).__name__}: {first_line}); running eagerly")
-            graphs["eager"] = True
-            return shallow_step(learner, engine, s, uniform, next_pieces, k)
-
-    return step
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# The deep network on the raw board (§3.1), batched over runs with torch.func
-# ----------------------------------------------------------------------------------------------------------------------
+# --- The deep network on the raw board (§3.1), batched over runs with torch.func --------------------------------------
 def same_pad(size: int, kernel: int = 3, stride: int = 2) -> tuple[int, int]:
     """TensorFlow 'SAME' padding (before, after): output ceil(size / stride), the odd pixel after."""
     out = -(-size // stride)
@@ -543,25 +310,22 @@ def same_pad(size: int, kernel: int = 3, stride: int = 2) -> tuple[int, int]:
 
 def same_max_pool(x: torch.Tensor) -> torch.Tensor:
     """3x3 max-pooling with stride 2 and TensorFlow's 'SAME' padding (`same_pad`, -inf in the padding), output
-    ceil(n/2): 20x10 -> 10x5 -> 5x3, the sizes of tetris.md §0."""
+    ceil(n/2): 20x10 -> 10x5 -> 5x3."""
     (top, bottom), (left, right) = same_pad(x.shape[-2]), same_pad(x.shape[-1])
     return F.max_pool2d(F.pad(x, (left, right, top, bottom), value=float("-inf")), 3, 2)
 
 
 class DeepValueNet(nn.Module):
-    """conv 15 5x5 -> max-pool 3x3/2 -> conv 50 5x5 -> max-pool 3x3/2 -> fc 250 -> linear (§3.1). The paper gives no
-    padding; 'same' padding and pooling (tetris.md §0) take a 20x10 board to 10x5 then 5x3 (750 inputs to fc).
-    "silu-dsilu" = SiLU in the conv layers, dSiLU in the fully connected layer."""
+    """conv 15 5x5 -> max-pool 3x3/2 -> conv 50 5x5 -> max-pool 3x3/2 -> fc 250 -> linear (§3.1); "silu-dsilu" = SiLU
+    in the conv layers, dSiLU in fc. Padding (the paper gives none) is our choice: 'same', 20x10 -> 10x5 -> 5x3."""
 
     def __init__(self, height: int, width: int, activation: str):
         super().__init__()
         conv_act, fc_act = activation.split("-")
         self.conv_act, self.fc_act = ACTIVATIONS[conv_act], ACTIVATIONS[fc_act]
-        self.conv1 = nn.Conv2d(1, 15, 5, padding=2)
-        self.conv2 = nn.Conv2d(15, 50, 5, padding=2)
+        self.conv1, self.conv2 = nn.Conv2d(1, 15, 5, padding=2), nn.Conv2d(15, 50, 5, padding=2)
         h, w = (height + 3) // 4, (width + 3) // 4  # ceil(ceil(n/2)/2)
-        self.fc = nn.Linear(50 * h * w, 250)
-        self.out = nn.Linear(250, 1)
+        self.fc, self.out = nn.Linear(50 * h * w, 250), nn.Linear(250, 1)
 
     def forward(self, boards: torch.Tensor) -> torch.Tensor:
         x = boards.float().unsqueeze(-3)  # (N, 1, H, W)
@@ -590,17 +354,11 @@ def deep_value(params, boards, base):
 def deep_value_and_grad(params, boards, base):
     """boards (R, H, W) -> V (R,), grad_theta V per run (dict of (R, ...) tensors)."""
 
-    def single(p, x):
-        v = functional_call(base, p, (x[None],))[0]
-        return v, v
-
-    grads, value = vmap(grad(single, has_aux=True))(params, boards)
+    grads, value = vmap(grad_and_value(lambda p, x: functional_call(base, p, (x[None],))[0]))(params, boards)
     return value, grads
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Selection (eq. 14, 15) and the dense TD(lambda) update (eq. 1, 4; the deep network's)
-# ----------------------------------------------------------------------------------------------------------------------
+# --- Selection (eq. 14, 15) and the dense TD(lambda) update (eq. 1, 4; the deep network's) ----------------------------
 def temperature(episode: torch.Tensor, tau0: float, tau_k: float) -> torch.Tensor:
     """Hyperbolic annealing, eq. 15: tau(i) = tau0 / (1 + tau_k i)."""
     return tau0 / (1 + tau_k * episode)
@@ -615,9 +373,8 @@ def select_placement(values, tau, valid, uniform):
 
 
 def update_traces_and_params(params, eligibility, grads, decay, step):
-    """Eq. 4 then eq. 1 for every parameter tensor, per run r: e_r <- decay_r e_r + grad V(s_t) (decay_r = gamma
-    lambda, 0 on an episode's first step: e_0 = 0), then theta_r <- theta_r + step_r e_r (step_r = alpha delta_t, 0 for
-    runs that have finished). The deep network's update; the shallow one is ShallowTD's."""
+    """The deep net's update, eq. 4 then eq. 1 per run r: e_r <- decay_r e_r + grad V(s_t) (decay_r = gamma lambda, 0 on
+    an episode's first step), then theta_r <- theta_r + step_r e_r (step_r = alpha delta_t, 0 once the run is done)."""
     for name, theta in params.items():
         e = eligibility[name]
         shape = (-1,) + (1,) * (e.dim() - 1)
@@ -625,12 +382,169 @@ def update_traces_and_params(params, eligibility, grads, decay, step):
         theta.addcmul_(e, step.view(shape))
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Bookkeeping: checkpoints, the run directory, the progress line and tensorboard, summary and curves, video
-# ----------------------------------------------------------------------------------------------------------------------
-GAME_STATE = ("boards", "states", "pieces", "holes_now", "decay", "score", "length")  # the games in progress
+# --- One training step of every run (eq. 1, 2, 4, 14-17), and --compile's graphs of the shallow one -------------------
+class StepConstants(NamedTuple):  # what every step reads and no step changes
+    gamma: float
+    alpha: float
+    gamma_lambda: float
+    tau0: float
+    tau_k: float
+    holes_scale: float
+    reward_timing: str
+    empty_board: torch.Tensor  # a run whose game ends restarts from these (choice: the episode's first state)
+    empty_state: torch.Tensor
+    target: torch.Tensor  # (R,) episodes each run trains for
+    encoding: torch.Tensor | None = None  # the shallow net's _bias_encoding_table
 
 
+def td_reward(holes_next, game_over, holes_current, holes_scale: float, timing: str) -> torch.Tensor:
+    """The r in delta_t = r + gamma V(s_{t+1}) - V(s_t), r(s) = exp(-holes(s) / holes_scale) (eq. 16, 17), on which
+    afterstate is our choice: 'current' (default), r(s_t), the paper's r_t read literally (a terminal move still earns
+    it); 'next', r(s_{t+1}), the afterstate moved into, 0 when the move ends the game."""
+    if timing == "current":
+        return torch.exp(-holes_current.float() / holes_scale)
+    return torch.exp(-holes_next.float() / holes_scale).masked_fill(game_over, 0.0)
+
+
+def choose_and_td_error(s: dict, after, v_t, v_cand, uniform, k: StepConstants):
+    """Softmax selection (eq. 14) at tau(i) (eq. 15) by Gumbel-max on the pre-drawn `uniform`, the reward (eq. 16, 17)
+    and delta_t (eq. 2). Placements where the piece does not fit stay in the softmax as terminal, V = 0 (our choice).
+    Returns action, game_over, holes(s_{t+1}), delta_t and alpha delta_t (0 for finished runs)."""
+    runs = torch.arange(len(v_t), device=v_t.device)
+    v_cand = v_cand.masked_fill(after.game_over, 0.0)
+    tau = temperature(s["episodes"].float(), k.tau0, k.tau_k)
+    action = select_placement(v_cand, tau, after.valid, uniform)
+    game_over = after.game_over[runs, action]
+    holes_next = after.holes[runs, action]
+    reward = td_reward(holes_next, game_over, s["holes_now"], k.holes_scale, k.reward_timing)
+    td_error = reward + k.gamma * v_cand[runs, action] - v_t  # eq. 2 (V(s_{t+1}) = 0 when terminal)
+    return action, game_over, holes_next, td_error, k.alpha * td_error * s["active"]
+
+
+def advance_games(s: dict, after, cand_states, action, game_over, holes_next, td_error, next_pieces, k: StepConstants):
+    """Every run to s_{t+1} = f(s_t, a_t); a finished game is recorded (runs still learning only) and restarts from the
+    empty board with e = 0 (decay 0). Returns the new carry; `episodes`, `scores`, `lengths` are updated in place."""
+    runs = torch.arange(len(action), device=action.device)
+    active, episodes, scores, lengths = s["active"], s["episodes"], s["scores"], s["lengths"]
+    score = s["score"] + after.rows_cleared[runs, action]
+    length = s["length"] + 1
+    placements = s["placements"] + active.sum()  # pieces placed by runs still learning (finished runs idle along)
+    abs_td_sum = s["abs_td_sum"] + td_error.abs() * active
+    boards = torch.where(game_over.view(-1, *[1] * (k.empty_board.dim())), k.empty_board, after.boards[runs, action])
+    states = torch.where(game_over.view(-1, *[1] * (k.empty_state.dim())), k.empty_state, cand_states[runs, action])
+    holes_now = holes_next.masked_fill(game_over, 0)
+    # Eagerly only when some game ended; compiled always (branch-free: record is False elsewhere).
+    if torch.compiler.is_compiling() or bool(game_over.any()):
+        slot = episodes.clamp(max=scores.shape[1] - 1)
+        record = game_over & active
+        scores[runs, slot] = torch.where(record, score, scores[runs, slot])
+        lengths[runs, slot] = torch.where(record, length, lengths[runs, slot])
+        episodes += record
+        active = episodes < k.target
+        score = score.masked_fill(game_over, 0)
+        length = length.masked_fill(game_over, 0)
+    decay = torch.where(game_over, 0.0, k.gamma_lambda)  # the next step's gamma lambda (0 on a first step: e_0 = 0)
+    return s | dict(boards=boards, states=states, pieces=next_pieces, holes_now=holes_now, decay=decay, score=score,
+                    length=length, active=active, placements=placements, abs_td_sum=abs_td_sum)  # fmt: skip
+
+
+def shallow_step(learner: ShallowTD, engine: tetris.ColumnEngine, s: dict, uniform, next_pieces, k: StepConstants):
+    """One placement of every run: every afterstate, V(s_t) and every V(f(s_t, a)) in one forward with theta_t,
+    selection, delta_t, e += grad V(s_t), theta += alpha delta_t e (eq. 1, 2, 4, 14), the games advance (the carry s:
+    see main). `learner.decay_traces(s["decay"])` must run first."""
+    after, cand_states = shallow_afterstates(engine, s, k)
+    return shallow_learn(learner, engine, s, after, cand_states, uniform, next_pieces, k)
+
+
+def shallow_afterstates(engine: tetris.ColumnEngine, s: dict, k: StepConstants):
+    """Every placement's afterstate f(s_t, a) and its input rows (R, P, 21): the integer half of `shallow_step`."""
+    after = engine(s["boards"], s["pieces"])
+    return after, shallow_indices(after.heights, after.holes, engine.height, k.encoding)
+
+
+def shallow_learn(learner: ShallowTD, engine, s: dict, after, cand_states, uniform, next_pieces, k: StepConstants):
+    """The floating-point half of `shallow_step`: forward, selection, TD(lambda) update, the games advance."""
+    P = engine.num_placements
+    v_all, z, a = learner.values(torch.cat([cand_states, s["states"][:, None]], 1))
+    action, game_over, holes_next, td_error, step = choose_and_td_error(s, after, v_all[:, P], v_all[:, :P], uniform, k)
+    learner.accumulate(s["states"], z[:, P], a[:, P], s["decay"], step)
+    return advance_games(s, after, cand_states, action, game_over, holes_next, td_error, next_pieces, k)
+
+
+# Why not torch.compile: its public route (fullgraph=True, dynamic=False, all guards skipped by guard_filter_fn) of
+# these two halves plays bit-identical games but ran at 0.84-0.87x these placements/s at 40 runs, 0.75-0.79x at 10
+# (one thread, compilation included; ~50 us per call in dynamo's entry): results/tetris_speed/compile_route.
+def compile_graph(fn, example_args: list[torch.Tensor], options: dict):
+    """fn(*tensors) -> tuple of tensors, traced once (make_fx on fake tensors), compiled by inductor into one graph and
+    called directly: no guard or cache lookup per call, so the inputs must keep the example's shapes, dtypes and
+    devices; closure tensors are baked in; in-place updates stay in place. The trace raises torch.compile's flag, so
+    torch.compiler.is_compiling() selects the branch-free side of the step's data-dependent branches."""
+    from torch._inductor.compile_fx import compile_fx  # inductor's entry point, the one torch.compile calls
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    before, torch.compiler._is_compiling_flag = torch.compiler._is_compiling_flag, True
+    try:
+        graph = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*example_args)
+    finally:
+        torch.compiler._is_compiling_flag = before
+    for node in graph.graph.nodes:  # the trace's fake values; inductor propagates its own
+        node.meta.pop("val", None), node.meta.pop("tensor_meta", None)
+    with torch._inductor.config.patch(options):
+        return compile_fx(graph, list(example_args))
+
+
+def compiled_shallow_step(fallback: bool = True):
+    """`shallow_step` as two graphs built on the first call for its learner, engine, constants and shapes: the
+    afterstates as scalar C++ (`cpp.simdlen = 1`; vector code of the ragged W = 10 rows ran 3x slower) and the update
+    as vector code, both with the C++ wrapper. A failed compile warns once and runs eagerly (fallback=False: raises)."""
+    graphs = {}
+
+    def learn_flat(*tensors):  # the learner's state, the carry but its pieces, uniform, next_pieces, the afterstates
+        n, keys = len(ShallowTD.STATE), graphs["keys"]
+        learner = copy.copy(graphs["learner"])  # the same net with the traced tensors as its state
+        learner.__dict__.update(zip(ShallowTD.STATE, tensors[:n], strict=True))
+        s = dict(zip(keys, tensors[n : n + len(keys)], strict=True))
+        uniform, next_pieces, *after, cand_states = tensors[n + len(keys) :]
+        new = shallow_learn(learner, graphs["engine"], s, tetris.Afterstates(*after), cand_states, uniform,
+                            next_pieces, graphs["k"])  # fmt: skip
+        graphs["out"] = [key for key in keys if new[key] is not s[key]]  # the rest is updated in place
+        return tuple(new[key] for key in graphs["out"])
+
+    def compiled(learner, engine, s, uniform, next_pieces, k):
+        if "learn" not in graphs:  # build both graphs for these objects and shapes
+            graphs.update(learner=learner, engine=engine, k=k, keys=[key for key in s if key != "pieces"])
+
+            def afterstates_flat(boards, pieces):
+                after, cand_states = shallow_afterstates(engine, dict(boards=boards, pieces=pieces), k)
+                return (*after, cand_states)
+
+            options = {"cpp.simdlen": 1, "cpp_wrapper": True}
+            graphs["afterstates"] = compile_graph(afterstates_flat, [s["boards"], s["pieces"]], options)
+        elif not (learner is graphs["learner"] and engine is graphs["engine"] and k is graphs["k"]):
+            raise ValueError("compiled_shallow_step: one compiled step serves one learner, engine and StepConstants")
+        after = graphs["afterstates"](s["boards"], s["pieces"])
+        inputs = [*(getattr(learner, name) for name in ShallowTD.STATE), *(s[key] for key in graphs["keys"]),
+                  uniform, next_pieces, *after]  # fmt: skip
+        if "learn" not in graphs:
+            graphs["learn"] = compile_graph(learn_flat, inputs, {"cpp_wrapper": True})
+        return {**s, **dict(zip(graphs["out"], graphs["learn"](*inputs), strict=True)), "pieces": next_pieces}
+
+    def step(learner, engine, s, uniform, next_pieces, k):
+        if not graphs.get("eager"):
+            try:
+                return compiled(learner, engine, s, uniform, next_pieces, k)
+            except Exception as err:  # noqa: BLE001  (any compiler failure: fall back to eager)
+                if not fallback or "learn" in graphs:
+                    raise
+                first_line = (str(err).strip().splitlines() or [""])[0][:200]
+                print(f"warning: compiling the step failed ({type(err).__name__}: {first_line}); running eagerly")
+                graphs["eager"] = True
+        return shallow_step(learner, engine, s, uniform, next_pieces, k)
+
+    return step
+
+
+# --- Bookkeeping: checkpoints, the run directory, the progress line and tensorboard, summary and curves, video --------
 def architecture(args: Args) -> dict:
     height, width, _ = tetris.VARIANTS[tetris.ENV_VARIANTS[args.env_id]]
     arch = {"network": args.network, "activation": "+".join(args.activation), "height": height, "width": width}
@@ -638,15 +552,12 @@ def architecture(args: Args) -> dict:
 
 
 def save_checkpoint(path, args, params, episodes, scores, lengths, state=None):
-    """Parameters, episode counters and score history of every run, and (`state`) what resumes the run exactly: the
-    traces, the games in progress and the random generator. Written atomically (tmp file + rename)."""
+    """Every run's parameters, episode counters and scores, and (`state`) what resumes it exactly; tmp file + rename."""
     n = max(int(episodes.max()), 1)
     ckpt = dict(format=CHECKPOINT_FORMAT, architecture=architecture(args), num_runs=args.num_runs, env_id=args.env_id)
     ckpt.update(params={k: v.detach().cpu() for k, v in params.items()}, episodes=episodes.cpu(), args=asdict(args))
-    ckpt.update(
-        scores=scores[:, :n].cpu().clone(), lengths=lengths[:, :n].cpu().clone(), **({"state": state} if state else {})
-    )
-    torch.save(ckpt, f"{path}.tmp")
+    ckpt.update(scores=scores[:, :n].cpu().clone(), lengths=lengths[:, :n].cpu().clone())
+    torch.save(ckpt | ({"state": state} if state else {}), f"{path}.tmp")
     os.replace(f"{path}.tmp", path)
 
 
@@ -662,19 +573,15 @@ def load_checkpoint(path: str, args: Args) -> dict:
         raise ValueError(f"--resume {path!r} is not a td_lambda_tetris checkpoint")
     want, have, timing = architecture(args), ckpt["architecture"], ckpt["args"].get("reward_timing", "next")
     if want != have:
-        diff = ", ".join(
-            f"{k}: checkpoint {have.get(k)} vs requested {want[k]}" for k in want if want[k] != have.get(k)
-        )
+        diff = ", ".join(f"{k}: checkpoint {have.get(k)} vs requested {v}" for k, v in want.items() if v != have.get(k))
         raise ValueError(f"--resume {path!r} holds another architecture ({diff}); pass matching flags")
     if ckpt["num_runs"] != args.num_runs:
         raise ValueError(f"--resume {path!r} holds {ckpt['num_runs']} runs; pass --num-runs {ckpt['num_runs']}")
     if timing != args.reward_timing:  # V means another thing under each timing; checkpoints before the flag: 'next'
         raise ValueError(f"--resume {path!r} was trained with --reward-timing {timing}; pass --reward-timing {timing}")
-    if args.total_episodes <= int(ckpt["episodes"].min()):
-        raise ValueError(
-            f"--resume {path!r} is already at episode {int(ckpt['episodes'].min()):,} (slowest run); raise "
-            "--total-episodes above it (it counts from the start of the original run)"
-        )
+    if args.total_episodes <= (done := int(ckpt["episodes"].min())):
+        raise ValueError(f"--resume {path!r} is already at episode {done:,} (slowest run); raise --total-episodes "
+                         "above it (it counts from the start of the original run)")  # fmt: skip
     return ckpt
 
 
@@ -682,11 +589,10 @@ def setup(args: Args) -> tuple[Args, dict | None, torch.device]:
     """Defaults; one line per impossible setting or bad checkpoint, before anything is written; device; seeds."""
     args = fill_defaults(args)
     error, ckpt = validate(args), None
-    if error is None and args.resume:
-        try:
-            ckpt = load_checkpoint(args.resume, args)
-        except ValueError as err:
-            error = str(err)
+    try:
+        ckpt = load_checkpoint(args.resume, args) if args.resume and error is None else None
+    except ValueError as err:
+        error = str(err)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     where = ckpt.get("state", {}).get("device", device.type) if ckpt else device.type
     if error is None and where != device.type:  # the random generator's state is per device type
@@ -694,41 +600,33 @@ def setup(args: Args) -> tuple[Args, dict | None, torch.device]:
     if error:
         raise SystemExit(f"error: {error}")
     if args.compile and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(1)  # the compiled step is fastest on one thread (docs/td_lambda_tetris.md, "Speed")
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+        torch.set_num_threads(1)  # the compiled step is fastest on one thread (the docs page, "Speed")
+    for seed in (random.seed, np.random.seed, torch.manual_seed):
+        seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     return args, ckpt, device
 
 
 class Progress:
-    """runs/{run_name}; every --log-every-seconds the progress line and tensorboard; summary.json, episodes.npz, the
-    learning curve and (--save-model) the checkpoint every --write-every-minutes and at the end."""
+    """runs/{run_name}: the progress line and tensorboard (`log`), summary, curves and checkpoint (`write`, `close`)."""
 
     def __init__(self, args: Args, groups, episodes: torch.Tensor):
-        name = f"{args.env_id.split('/')[-1]}__{args.exp_name}__{args.network}-{'+'.join(args.activation)}__{args.seed}"
-        name = base = f"{name}__{int(time.time())}"
-        for attempt in range(2, 1000):  # a run started in the same second gets its own directory
-            if not os.path.exists(os.path.join("runs", name)):
-                break
-            name = f"{base}-{attempt}"
+        base = f"{args.env_id.split('/')[-1]}__{args.exp_name}__{args.network}-{'+'.join(args.activation)}__{args.seed}"
+        base = f"{base}__{int(time.time())}"  # a run started in the same second gets its own directory:
+        name = next(n for n in [base, *(f"{base}-{i}" for i in range(2, 1000))] if not os.path.exists(f"runs/{n}"))
         if args.track:
             __import__("wandb").init(project=args.wandb_project_name, entity=args.wandb_entity, name=name,
                                      sync_tensorboard=True, config=vars(args), save_code=True)  # fmt: skip
         self.run_dir, self.args, self.groups, self.episodes = os.path.join("runs", name), args, groups, episodes
         self.writer = SummaryWriter(self.run_dir)
-        self.writer.add_text(
-            "hyperparameters", "|param|value|\n|-|-|\n" + "".join(f"|{k}|{v}|\n" for k, v in vars(args).items())
-        )
-        self.summary = {"args": asdict(args), "run_name": name}
+        table = "".join(f"|{k}|{v}|\n" for k, v in vars(args).items())
+        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+        self.summary = {"args": asdict(args), "run_name": name, "code": code_version()}  # this process's code
         self.t_start = self.t_log = self.t_write = time.time()
         self.logged = episodes.cpu().numpy().copy()  # finished episodes already in tensorboard, per run
         self.num_active, self.steps = int((episodes < args.total_episodes).sum()), 0
-
-    def tag(self, r: int) -> str:
-        n = self.args.num_runs
-        return f"run{r}" if len(self.groups) == 1 else f"{self.args.activation[r // n]}/run{r % n}"
+        n, one = args.num_runs, len(groups) == 1  # each run's tensorboard tag
+        self.tag = [f"run{r}" if one else f"{args.activation[r // n]}/run{r % n}" for r in range(len(episodes))]
 
     def log(self, carry: dict, scores, lengths) -> bool:
         """After every loop step (a host sync every 16th); True when it printed the progress line."""
@@ -739,31 +637,29 @@ class Progress:
         if now - self.t_log < self.args.log_every_seconds and self.num_active:
             return False
         if not bool(torch.isfinite(abs_td).all()):
-            bad = ", ".join(self.tag(int(r)) for r in (~torch.isfinite(abs_td)).nonzero().flatten())
+            bad = ", ".join(self.tag[r] for r in (~torch.isfinite(abs_td)).nonzero().flatten())
             self.summary["diverged"] = f"non-finite TD error in run(s) {bad}"
             return True
         done, sc, ln = self.episodes.cpu().numpy(), scores.cpu().numpy(), lengths.cpu().numpy()
         tau, placements = temperature(self.episodes.float(), self.args.tau0, self.args.tau_k), int(carry["placements"])
         sps, steps_per_second = placements / (now - self.t_start), self.steps / max(now - self.t_log, 1e-9)
-        for r in range(len(done)):
+        per_run = {"temperature": tau.tolist(), "abs_td_error": [x / self.steps for x in abs_td.tolist()]}
+        for r in range(len(done)):  # every episode's score, then each per-run scalar at the run's episode count
             for ep in range(self.logged[r], done[r]):
-                w.add_scalar(f"{self.tag(r)}/episode_score", sc[r, ep], ep)
+                w.add_scalar(f"{self.tag[r]}/episode_score", sc[r, ep], ep)
                 if (ep + 1) % 1000 == 0:
-                    w.add_scalar(f"{self.tag(r)}/mean_score_1000", sc[r, ep - 999 : ep + 1].mean(), ep + 1)
-            w.add_scalar(f"{self.tag(r)}/temperature", float(tau[r]), int(done[r]))
-            w.add_scalar(f"{self.tag(r)}/abs_td_error", float(abs_td[r]) / self.steps, int(done[r]))
+                    w.add_scalar(f"{self.tag[r]}/mean_score_1000", sc[r, ep - 999 : ep + 1].mean(), ep + 1)
+            for key, values in per_run.items():
+                w.add_scalar(f"{self.tag[r]}/{key}", values[r], int(done[r]))
         w.add_scalar("charts/placements_per_second", sps, placements)
         self.logged, self.t_log, self.steps = done.copy(), now, 0
         abs_td.zero_()
         recent = [f"{a} {np.mean([sc[r, max(0, done[r] - 1000) : done[r]].mean() for r in range(i, j)]):.2f}"
                   if done[i:j].min() > 0 else f"{a} -" for a, i, j in self.groups]  # fmt: skip
-        eta = eta_seconds(ln, done, self.args.total_episodes, steps_per_second)
-        print(
-            f"episodes {int(done.min()):,}/{self.args.total_episodes:,} (slowest run) | placements {placements:,} | "
-            f"{sps:,.0f} placements/s | mean score, last 1000 ep.: {', '.join(recent)} | tau {float(tau.mean()):.4f} | "
-            + (f"ETA ≥ {fmt_time(eta)} (if episodes stay as long as the last 100)" if math.isfinite(eta) else "ETA ?"),
-            flush=True,
-        )
+        total = self.args.total_episodes
+        print(f"episodes {int(done.min()):,}/{total:,} (slowest run) | placements {placements:,} | {sps:,.0f} "
+              f"placements/s | mean score, last 1000 ep.: {', '.join(recent)} | tau {float(tau.mean()):.4f} | "
+              f"{eta(ln, done, total, steps_per_second)}", flush=True)  # fmt: skip
         self.summary.update(global_step=placements, wall_time=now - self.t_start, sps=sps)
         return True
 
@@ -771,17 +667,13 @@ class Progress:
         """Non-finite parameters stop the run and write no checkpoint: the last good one stays."""
         args, summary, groups, counts_all = self.args, self.summary, self.groups, self.episodes.cpu().numpy()
         sc_all, ln_all = scores.cpu().numpy(), lengths.cpu().numpy()
-        bad = sorted(
-            {int(r) for v in theta.values() for r in (~torch.isfinite(v)).reshape(len(v), -1).any(1).nonzero()}
-        )
+        bad = sorted({int(r) for v in theta.values() for r in (~v.isfinite()).reshape(len(v), -1).any(1).nonzero()})
         if bad:
-            summary["diverged"] = f"non-finite parameters in run(s) {', '.join(self.tag(r) for r in bad)}"
+            summary["diverged"] = f"non-finite parameters in run(s) {', '.join(self.tag[r] for r in bad)}"
         summary["complete"] = complete
         for act, a, b in groups:
             counts, sc = counts_all[a:b], sc_all[a:b]
-            info = dict(
-                activation=act, episodes_per_run=counts.tolist(), **score_summary(sc, counts, args.final_window)
-            )
+            info = dict(activation=act, episodes_per_run=counts.tolist()) | score_summary(sc, counts, args.final_window)
             info["placements_per_run"] = [int(ln_all[a + r, : counts[r]].sum()) for r in range(b - a)]
             info["paper_final_score"] = PAPER_FINAL_SCORES.get((args.env_id, act))
             out_dir = os.path.join(self.run_dir, act if len(groups) > 1 else "")
@@ -794,7 +686,7 @@ class Progress:
                     json.dump({**summary, **info, "per_activation": None}, f, indent=2)
             np.savez_compressed(os.path.join(out_dir, "episodes.npz"), scores=sc, lengths=ln_all[a:b], episodes=counts)
             for r in range(b - a) if complete and info["final_window"] else []:
-                self.writer.add_scalar(f"{self.tag(a + r)}/final_score", info["final_score_per_run"][r], counts[r])
+                self.writer.add_scalar(f"{self.tag[a + r]}/final_score", info["final_score_per_run"][r], counts[r])
         write_curves(self.run_dir, groups, sc_all, counts_all, args)
         if args.save_model and not bad:
             summary["checkpoint"] = os.path.join(self.run_dir, "td_lambda_tetris.pt")
@@ -803,11 +695,31 @@ class Progress:
             json.dump(summary, f, indent=2)
         self.t_write = time.time()
 
+    def close(self) -> dict:
+        """The end of the run: one line and an error if it diverged, else each activation's final score."""
+        self.writer.close()
+        if "diverged" in self.summary:
+            kept = f"; the last good checkpoint is {self.summary['checkpoint']}" if "checkpoint" in self.summary else ""
+            raise SystemExit(f"error: {self.summary['diverged']}: training stopped (summary.json written{kept})")
+        for act, info in (self.summary.get("per_activation") or {self.args.activation[0]: self.summary}).items():
+            if not info["final_window"]:
+                print(f"{act}: no final score yet (some run has not finished an episode)")
+                continue
+            runs = ", ".join(f"{v:.1f}" for v in info["final_score_per_run"])
+            sd, spread = info["final_score_sd_episodes"], info["final_score_std_over_runs"]
+            print(f"{act}: final mean score over the last {info['final_window']} episodes: "
+                  f"{info['final_score_mean']:.2f} ± {sd:.2f} (sd of the episode scores; sd over runs {spread:.2f}; "
+                  f"runs: {runs}); paper: {info['paper_final_score']}")  # fmt: skip
+        if self.args.save_model:
+            print(f"saved {self.summary['checkpoint']}")
+        if self.args.track:
+            __import__("wandb").finish()
+        return self.summary
+
 
 def score_summary(scores: np.ndarray, counts: np.ndarray, final_window: int) -> dict:
-    """Table 1's statistics over each run's final `final_window` episodes (fewer if a run has not played them).
-    final_score_mean ± final_score_sd_episodes is the paper's "mean ± sd": the sd of the episode scores of the final
-    window, all runs' episodes pooled (the best run's: its own). The spread of the per-run means is kept apart."""
+    """Table 1's statistics over each run's last `final_window` episodes (fewer if some run has not played them): the
+    paper's "mean ± sd" is final_score_mean ± the sd of all runs' pooled episode scores; the run means' sd is apart."""
     window = min(final_window, int(counts.min())) if len(counts) else 0
     if window == 0:
         return {"final_window": 0}
@@ -824,17 +736,14 @@ def score_summary(scores: np.ndarray, counts: np.ndarray, final_window: int) -> 
 def write_curves(run_dir, groups, scores, counts, args):
     """learning_curve.csv and .png: each run's mean score per block of 1,000 episodes (a tenth of the shortest run
     before that) and each activation's mean over its runs where every run has finished the block (Fig. 2)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no backend to choose, no figure to close
 
     block = 1000 if counts.min() >= 1000 else max(int(counts.min()) // 10, 1)
     x = np.arange(1, int(counts.max()) // block + 1) * block
     means = np.full((len(counts), len(x)), np.nan)
     for r, c in enumerate(counts):
         means[r, : c // block] = scores[r, : c // block * block].reshape(-1, block).mean(1)
-    columns, (fig, ax) = {"episode": x}, plt.subplots(figsize=(7, 4.5))
+    columns, ax = {"episode": x}, (fig := Figure(figsize=(7, 4.5))).subplots()
     for act, a, b in groups:
         tag = f"{act}/" if len(groups) > 1 else ""
         columns |= {f"{tag}run{r}": means[a + r] for r in range(b - a)} | {f"{tag}mean": means[a:b].mean(0)}
@@ -843,35 +752,30 @@ def write_curves(run_dir, groups, scores, counts, args):
         (line,) = ax.plot(x, means[a:b].mean(0), lw=2.5, label=f"{act}, mean of {b - a} runs")
         if (paper := PAPER_FINAL_SCORES.get((args.env_id, act))) is not None:
             ax.axhline(paper, color=line.get_color(), ls=":", lw=1, label=f"{act}, the paper's final score ({paper})")
-    with open(os.path.join(run_dir, "learning_curve.csv"), "w", newline="") as f:
-        csv.writer(f).writerows([list(columns), *zip(*(np.char.mod("%g", v) for v in columns.values()), strict=True)])
+    np.savetxt(os.path.join(run_dir, "learning_curve.csv"), np.column_stack(list(columns.values())), fmt="%g",
+               delimiter=",", newline="\r\n", header=",".join(columns), comments="")  # fmt: skip
     ax.set(xlabel="episode", ylabel=f"mean score per {block} episodes")
     ax.set_title(f"{args.env_id} {args.network}, {int(counts.min()):,} episodes per run (slowest)", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(run_dir, "learning_curve.png"), dpi=110)
-    plt.close(fig)
 
 
-def eta_seconds(lengths: np.ndarray, done: np.ndarray, total: int, steps_per_second: float) -> float:
-    """Seconds left if every episode left is as long as the mean of its run's last 100: a lower bound while episodes
-    lengthen. Every run places one piece per loop step (a finished run idles along), so the run with the most
-    placements left sets the time. inf before every unfinished run has finished an episode."""
+def eta(lengths: np.ndarray, done: np.ndarray, total: int, steps_per_second: float) -> str:
+    """The time left if each run's episodes left are as long as its last 100 (a lower bound while they lengthen): every
+    run places one piece per loop step, so the run with the most placements left sets it ("?" before its first game)."""
     left = max([(total - d) * lengths[r, max(0, d - 100) : d].mean() if d else math.inf
                 for r, d in enumerate(done) if d < total], default=0.0)  # fmt: skip
-    return 0.0 if left == 0 else left / steps_per_second if steps_per_second > 0 else math.inf
-
-
-def fmt_time(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
+    seconds = 0.0 if left == 0 else left / steps_per_second if steps_per_second > 0 else math.inf
+    if not math.isfinite(seconds):
+        return "ETA ?"
+    s = int(max(seconds, 0))
+    return f"ETA ≥ {s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s (if episodes stay as long as the last 100)"
 
 
 @contextlib.contextmanager
 def stop_signals():
-    """`with stop_signals() as stopped:` SIGINT and SIGTERM end the loop at the next `stopped()`, so that the summary
-    and the checkpoint are written. A flag, not an exception: one raised from a handler lands in whatever code runs
-    then, and torch.compile's guard code swallowed it."""
+    """SIGINT and SIGTERM end the loop at the next `stopped()` (a flag: an exception lands in whatever code runs)."""
     received = []
     previous = {s: signal.signal(s, lambda *_: received.append(True)) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -881,54 +785,7 @@ def stop_signals():
             signal.signal(sig, handler)
 
 
-class TetrisVideo:
-    """--capture-video: the boards of the recorded runs (run index -> file tag) as mp4, one frame per placement, for
-    the episodes of gymnasium's capped cubic schedule, numbered as in the learning curve (a resumed run goes on from
-    its counter); at most 2,000 frames per video (a late 10x10 game lasts ~10k placements)."""
-
-    def __init__(self, folder: str, runs: dict[int, str], episodes: torch.Tensor, height: int, columns: bool):
-        os.makedirs(folder, exist_ok=True)
-        self.folder, self.runs, self.height, self.columns = folder, runs, height, columns
-        self.episode, self.frames = {r: int(episodes[r]) for r in runs}, {r: [] for r in runs}
-
-    @staticmethod
-    def wanted(episode: int) -> bool:
-        return round(episode ** (1 / 3)) ** 3 == episode if episode < 1000 else episode % 1000 == 0
-
-    def add(self, boards: torch.Tensor, episodes: torch.Tensor, active: torch.Tensor):
-        """After every step: the boards s_t ((R, W) column bits or (R, H, W)); a game that just ended has already been
-        replaced by the next one's empty board, that game's first frame. Boards are copied only while recording."""
-        ids, recording = list(self.runs), []
-        for r, count, learning in zip(ids, episodes[ids].tolist(), active[ids].tolist(), strict=True):
-            if count != self.episode[r]:
-                self.write(r)
-                self.episode[r] = count
-            if learning and self.wanted(self.episode[r]) and len(self.frames[r]) < 2000:
-                recording.append(r)
-        if recording:
-            now = boards[recording]
-            now = (tetris.columns_to_boards(now, self.height) if self.columns else now).cpu().numpy()
-            for r, board in zip(recording, now, strict=True):
-                self.frames[r].append(board)
-
-    def write(self, r: int):
-        if self.frames[r]:
-            from moviepy import ImageSequenceClip
-
-            path = os.path.join(self.folder, f"{self.runs[r]}-episode-{self.episode[r]}.mp4")
-            ImageSequenceClip([tetris.render_board(b) for b in self.frames[r]], fps=10).write_videofile(
-                path, logger=None
-            )
-        self.frames[r] = []
-
-    def close(self):
-        for r in self.runs:
-            self.write(r)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Training
-# ----------------------------------------------------------------------------------------------------------------------
+# --- Training ---------------------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
     args, ckpt, device = setup(args)
     n = args.num_runs  # per activation; activation i owns runs [i n, (i + 1) n)
@@ -938,13 +795,11 @@ def main(args: Args) -> dict:
     shallow = args.network == "shallow"
     # the shallow agent needs every placement's heights and holes but only the chosen board: column bits suffice
     engine = (tetris.ColumnEngine if shallow else tetris.AfterstateEngine)(height, width, piece_set, device=device)
-    pieces_tensor = torch.tensor(piece_set, device=device)
-    rng = torch.Generator(device=device).manual_seed(args.seed)  # every run's pieces and choices
-    if shallow:
-        init = [
-            init_shallow(n, tetris.binary_feature_length(height, width), args.hidden, args.seed, device) for _ in groups
-        ]
-        params = {k: torch.cat([p[k] for p in init]) for k in init[0]}
+    pieces_tensor, rng = torch.tensor(piece_set, device=device), torch.Generator(device=device).manual_seed(args.seed)
+    draw = functools.partial(torch.randint, len(piece_set), (R,), generator=rng, device=device)  # each run's next piece
+    if shallow:  # every activation's runs start from the same seeds
+        init = init_shallow(n, tetris.binary_feature_length(height, width), args.hidden, args.seed, device)
+        params = {k: torch.cat([v] * len(groups)) for k, v in init.items()}
         empty_board = torch.zeros(width, dtype=torch.long, device=device)  # column bits
         empty_state = shallow_indices(empty_board, empty_board.sum(), height)  # 20 feature rows + the bias row
     else:
@@ -961,29 +816,25 @@ def main(args: Args) -> dict:
         scores[:, : ckpt["scores"].shape[1]], lengths[:, : ckpt["lengths"].shape[1]] = ckpt["scores"], ckpt["lengths"]
         print(f"loaded {args.resume} (episodes per run: {episodes.tolist()})")
     learner = ShallowTD(params, groups) if shallow else None
-    traces = (
-        {k: getattr(learner, k) for k in LEARNER_STATE}
-        if shallow
-        else {k: torch.zeros_like(v) for k, v in params.items()}
-    )
-    num_params = sum(v[0].numel() for v in params.values())
+    traces = ({k: getattr(learner, k) for k in ShallowTD.STATE} if shallow  # the deep net's: e per parameter tensor
+              else {k: torch.zeros_like(v) for k, v in params.items()})  # fmt: skip
+    num_params, threads = sum(v[0].numel() for v in params.values()), torch.get_num_threads()
     log = Progress(args, groups, episodes)
-    print(
-        f"{log.summary['run_name']}: {n} run(s) each of a {args.network} {' / '.join(args.activation)} net "
-        f"({num_params:,} parameters each) on {args.env_id}, {engine.num_placements} placements per piece, device "
-        f"{device}, {torch.get_num_threads()} torch thread(s)"
-    )
-    log.summary.update(device=str(device), num_parameters_per_run=num_params, torch_threads=torch.get_num_threads())
-
-    def new_pieces():
-        return pieces_tensor[torch.randint(len(piece_set), (R,), generator=rng, device=device)]
-
+    print(f"{log.summary['run_name']}: {n} run(s) each of a {args.network} {' / '.join(args.activation)} net "
+          f"({num_params:,} parameters each) on {args.env_id}, {engine.num_placements} placements per piece, device "
+          f"{device}, {threads} torch thread(s)")  # fmt: skip
+    log.summary.update(device=str(device), num_parameters_per_run=num_params, torch_threads=threads)
     target = torch.full_like(episodes, args.total_episodes)  # counted from the original start, as in every script
-    carry = dict(boards=empty_board.expand(R, *empty_board.shape).clone(), pieces=new_pieces())  # s_t and its piece
-    carry.update(states=empty_state.expand(R, *empty_state.shape).clone(), holes_now=torch.zeros_like(episodes))
-    carry.update(decay=torch.zeros(R, device=device), score=torch.zeros(R, device=device), length=episodes * 0)
-    carry.update(active=episodes < target, placements=torch.zeros((), dtype=torch.long, device=device))
-    carry.update(abs_td_sum=torch.zeros(R, device=device), episodes=episodes, scores=scores, lengths=lengths)
+    zeros = functools.partial(torch.zeros, R, device=device)
+    # the carry: s_t (boards: (R, W) column bits, or (R, H, W) cells for the deep net; states: its input rows (R, 21),
+    # or the board) and its piece, the games in progress, the learning statistics, the record (updated in place)
+    carry = dict(
+        boards=empty_board.expand(R, *empty_board.shape).clone(), pieces=pieces_tensor[draw()],
+        states=empty_state.expand(R, *empty_state.shape).clone(), holes_now=torch.zeros_like(episodes),
+        decay=zeros(), score=zeros(), length=episodes * 0, active=episodes < target,
+        placements=torch.zeros((), dtype=torch.long, device=device), abs_td_sum=zeros(),
+        episodes=episodes, scores=scores, lengths=lengths,
+    )  # fmt: skip
     if ckpt is not None and "state" in ckpt:  # exactly where the run stopped: traces, games in progress, generator
         for k, v in traces.items():
             v.copy_(ckpt["state"]["traces"][k])
@@ -996,6 +847,7 @@ def main(args: Args) -> dict:
     shallow_step_fn = compiled_shallow_step() if args.compile else shallow_step
 
     def train_step(s, uniform, next_pieces):
+        """act (eq. 14) -> step the games -> learn (eq. 2, 4, 1), for every run at once."""
         if shallow:
             learner.decay_traces(s["decay"])  # the data-dependent fold, eagerly (theta unchanged)
             return shallow_step_fn(learner, engine, s, uniform, next_pieces, k)
@@ -1011,44 +863,22 @@ def main(args: Args) -> dict:
         state.update(games={k: carry[k].cpu() for k in GAME_STATE}, device=device.type)
         log.write(learner.parameters() if shallow else params, state, scores, lengths, complete)
 
-    video = None
-    if args.capture_video:  # the first run of each activation
-        tags = {a: log.tag(a).replace("/", "-") for _, a, _ in groups}
-        video = TetrisVideo(os.path.join(log.run_dir, "videos"), tags, episodes, height, columns=shallow)
-        video.add(carry["boards"], episodes, carry["active"])
+    tags = {a: log.tag[a].replace("/", "-") for _, a, _ in groups} if args.capture_video else {}  # first runs
+    video = tetris.TetrisVideo(os.path.join(log.run_dir, "videos"), tags, episodes, height, columns=shallow)
+    video.add(carry["boards"], episodes, carry["active"])
     with stop_signals() as stopped:
         while log.num_active and not stopped() and "diverged" not in log.summary:
             uniform = torch.rand(R, engine.num_placements + 1, generator=rng, device=device)
-            carry = train_step(carry, uniform, new_pieces())
-            if video is not None:
-                video.add(carry["boards"], episodes, carry["active"])
+            carry = train_step(carry, uniform, pieces_tensor[draw()])
+            video.add(carry["boards"], episodes, carry["active"])
             if log.log(carry, scores, lengths) and time.time() - log.t_write >= 60 * args.write_every_minutes:
                 write(complete=False)
         interrupted = stopped() and bool(log.num_active)  # a signal after the last episode changes nothing
     if interrupted:
         print("interrupted: writing the summary, the learning curves and (with --save-model) the checkpoint")
-    if video is not None:
-        video.close()
+    video.close()
     write(complete=not interrupted and "diverged" not in log.summary)
-    log.writer.close()
-    if "diverged" in log.summary:
-        kept = f"; the last good checkpoint is {log.summary['checkpoint']}" if "checkpoint" in log.summary else ""
-        raise SystemExit(f"error: {log.summary['diverged']}: training stopped (summary.json written{kept})")
-    for act, info in (log.summary.get("per_activation") or {args.activation[0]: log.summary}).items():
-        if not info["final_window"]:
-            print(f"{act}: no final score yet (some run has not finished an episode)")
-            continue
-        runs = ", ".join(f"{v:.1f}" for v in info["final_score_per_run"])
-        print(
-            f"{act}: final mean score over the last {info['final_window']} episodes: {info['final_score_mean']:.2f} "
-            f"± {info['final_score_sd_episodes']:.2f} (sd of the episode scores; sd over runs "
-            f"{info['final_score_std_over_runs']:.2f}; runs: {runs}); paper: {info['paper_final_score']}"
-        )
-    if args.save_model:
-        print(f"saved {log.summary['checkpoint']}")
-    if args.track:
-        __import__("wandb").finish()
-    return log.summary
+    return log.close()
 
 
 if __name__ == "__main__":

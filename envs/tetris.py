@@ -13,11 +13,12 @@ The only code the scripts share. Three layers, each usable on its own:
    `envs/SZTetris-v0`, `envs/Tetris-v0` (10x20, seven pieces) and `envs/Tetris10x10-v0`.
 
 Plus the state features of §3.1: 10 column heights, 9 signed adjacent height differences, the number of holes, and
-their binary encoding (460 inputs at 10x20, 260 at 10x10).
+their binary encoding (460 inputs at 10x20, 260 at 10x10); and `TetrisVideo`, batched boards as mp4.
 
-Game-over rule (shared/reference/tetris.md §0, the SZ-Tetris rule of Szita & Szepesvari applied to every variant):
-a placement is allowed only if all four cells rest inside the board *before* any row is cleared; playing one that
-does not fit ends the game and leaves the board as it was.
+Game-over rule ("an episode ends when a tetromino does not fit within the board", §3.1; read as Szita & Szepesvari's
+SZ-Tetris code does, Szepi/sztetris-rl src/tetrisengine/AfterState.java putTile; our choice for every variant): a
+placement is allowed only if all four cells rest inside the board *before* any row is cleared; playing one that does
+not fit ends the game and leaves the board as it was.
 
 Coordinates: boards are (H, W) arrays of 0/1 with row 0 at the top, as the observation shows them.
 """
@@ -25,6 +26,7 @@ Coordinates: boards are (H, W) arrays of 0/1 with row 0 at the top, as the obser
 from __future__ import annotations
 
 import functools
+import os
 from typing import NamedTuple
 
 import gymnasium as gym
@@ -148,9 +150,9 @@ def _encoding_table(height: int, width: int, device: torch.device) -> torch.Tens
 def binary_feature_indices(features: torch.Tensor, height: int) -> torch.Tensor:
     """(..., 2W) integer features -> (..., 2W) indices of the active bits in the binary state vector.
 
-    Project choice (shared/reference/tetris.md §0; the paper gives only the lengths 460 and 260): one-hot blocks of
-    H+1 bins per column height (0..H), H+1 bins per signed difference clipped to [-H/2, H/2], and H+41 bins for the
-    holes clipped to 0..H+40. Exactly one bit is active per feature, 2W = 20 in all.
+    Our choice (the paper, §3.1-3.2, gives only the lengths 460 and 260): one-hot blocks of H+1 bins per column height
+    (0..H), H+1 bins per signed difference clipped to [-H/2, H/2], and H+41 bins for the holes clipped to 0..H+40.
+    Exactly one bit is active per feature, 2W = 20 in all.
     """
     lo, hi, offset = _encoding_table(height, features.shape[-1] // 2, features.device)
     return torch.maximum(torch.minimum(features, hi), lo) + offset
@@ -499,6 +501,54 @@ def render_board(board: np.ndarray, scale: int = 16) -> np.ndarray:
     img[::scale, :] = 60  # grid lines
     img[:, ::scale] = 60
     return img
+
+
+class TetrisVideo:
+    """Batched games as mp4 (td_lambda_tetris.py --capture-video): the boards of the recorded runs (run index -> file
+    tag), one frame per placement, for the episodes of gymnasium's capped cubic schedule, numbered by the run's episode
+    counter (a resumed run goes on from it); at most 2,000 frames per video (a late 10x10 game: ~10k placements)."""
+
+    def __init__(self, folder: str, runs: dict[int, str], episodes: torch.Tensor, height: int, columns: bool):
+        if runs:  # no runs: records nothing, writes nothing
+            os.makedirs(folder, exist_ok=True)
+        self.folder, self.runs, self.height, self.columns = folder, runs, height, columns
+        self.episode, self.frames = {r: int(episodes[r]) for r in runs}, {r: [] for r in runs}
+
+    @staticmethod
+    def wanted(episode: int) -> bool:
+        return round(episode ** (1 / 3)) ** 3 == episode if episode < 1000 else episode % 1000 == 0
+
+    def add(self, boards: torch.Tensor, episodes: torch.Tensor, active: torch.Tensor):
+        """After every step: the boards s_t ((R, W) column bits or (R, H, W)); a game that just ended has already been
+        replaced by the next one's empty board, that game's first frame. Boards are copied only while recording."""
+        if not self.runs:
+            return
+        ids, recording = list(self.runs), []
+        for r, count, learning in zip(ids, episodes[ids].tolist(), active[ids].tolist(), strict=True):
+            if count != self.episode[r]:
+                self.write(r)
+                self.episode[r] = count
+            if learning and self.wanted(self.episode[r]) and len(self.frames[r]) < 2000:
+                recording.append(r)
+        if recording:
+            now = boards[recording]
+            now = (columns_to_boards(now, self.height) if self.columns else now).cpu().numpy()
+            for r, board in zip(recording, now, strict=True):
+                self.frames[r].append(board)
+
+    def write(self, r: int):
+        if self.frames[r]:
+            from moviepy import ImageSequenceClip
+
+            clip = ImageSequenceClip([render_board(b) for b in self.frames[r]], fps=10)
+            clip.write_videofile(
+                os.path.join(self.folder, f"{self.runs[r]}-episode-{self.episode[r]}.mp4"), logger=None
+            )
+        self.frames[r] = []
+
+    def close(self):
+        for r in self.runs:
+            self.write(r)
 
 
 gym.register("envs/SZTetris-v0", entry_point=TetrisEnv, kwargs={"variant": "sz"})

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +12,8 @@ import pytest
 import torch
 
 import td_lambda_tetris as td
+from envs import tetris
+from td_reference import one_torch_thread  # noqa: F401  (autouse: the module's tests on one torch thread)
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "algos", "td_lambda_tetris.py")
 
@@ -25,8 +28,10 @@ def test_training_writes_tensorboard_summary_and_curves_per_run(tmp_path, monkey
     summary = run(total_episodes=30, num_runs=3, seed=5)
     run_dir = tmp_path / "runs" / summary["run_name"]
     saved = json.loads((run_dir / "summary.json").read_text())
-    for key in ("args", "global_step", "wall_time", "sps", "final_score_per_run", "final_score_mean"):
+    for key in ("args", "code", "global_step", "wall_time", "sps", "final_score_per_run", "final_score_mean"):
         assert key in saved, key
+    # the code that ran it: this checkout's commit (40 hex digits) and its changed files under algos/ and envs/
+    assert re.fullmatch(r"[0-9a-f]{40}", saved["code"]["commit"]) and isinstance(saved["code"]["uncommitted"], list)
     assert len(saved["final_score_per_run"]) == 3 and saved["global_step"] == sum(saved["placements_per_run"])
     assert saved["global_step"] >= 3 * 30 * 5  # every SZ-Tetris game places at least 5 pieces
     assert any(p.name.startswith("events.out.tfevents") for p in run_dir.iterdir())
@@ -270,7 +275,7 @@ def test_sigterm_stops_a_compiled_run(tmp_path):
 
 
 def random_policy_mean_score(games=300):
-    """Uniformly random legal placements on envs/SZTetris-v0 (tetris.md §0 measured 0.007 lines per game)."""
+    """Uniformly random legal placements on envs/SZTetris-v0 (an independent simulator: 0.007 lines per game)."""
     import gymnasium as gym
 
     env = gym.make("envs/SZTetris-v0")
@@ -312,14 +317,14 @@ def test_video_frames_replay_the_recorded_games_placement_by_placement(tmp_path,
     """Every recorded game starts on the empty board, has one frame per placement, and each frame adds one piece's
     4 cells less W per cleared row, so the rows cleared frame to frame add up to the episode's score."""
     monkeypatch.chdir(tmp_path)
-    recorded, write = {}, td.TetrisVideo.write
+    recorded, write = {}, tetris.TetrisVideo.write
 
     def keep_frames(self, r):
         if self.frames[r]:
             recorded[(self.runs[r], self.episode[r])] = [f.copy() for f in self.frames[r]]
         write(self, r)
 
-    monkeypatch.setattr(td.TetrisVideo, "write", keep_frames)
+    monkeypatch.setattr(tetris.TetrisVideo, "write", keep_frames)
     summary = run(num_runs=2, capture_video=True, **kw)
     run_dir = tmp_path / "runs" / summary["run_name"]
     tags = ["dsilu-run0", "relu-run0"] if "activation" in kw else ["run0"]
@@ -345,8 +350,8 @@ def test_video_numbers_episodes_from_the_checkpoint_counter_and_caps_long_games(
         written.append((self.episode[r], len(self.frames[r])))
         self.frames[r] = []
 
-    monkeypatch.setattr(td.TetrisVideo, "write", note)
-    assert [e for e in range(3000) if td.TetrisVideo.wanted(e)] == [
+    monkeypatch.setattr(tetris.TetrisVideo, "write", note)
+    assert [e for e in range(3000) if tetris.TetrisVideo.wanted(e)] == [
         0,
         1,
         8,
@@ -361,7 +366,7 @@ def test_video_numbers_episodes_from_the_checkpoint_counter_and_caps_long_games(
         2000,
     ]
     # a resumed run at episode 1,000 (wanted): a game of 2,100 placements keeps the first 2,000; 1,001 is not recorded
-    video = td.TetrisVideo(str(tmp_path), {0: "run0"}, torch.tensor([1000]), 20, columns=False)
+    video = tetris.TetrisVideo(str(tmp_path), {0: "run0"}, torch.tensor([1000]), 20, columns=False)
     boards, active = torch.zeros(1, 20, 10, dtype=torch.uint8), torch.tensor([True])
     for _ in range(2100):
         video.add(boards, torch.tensor([1000]), active)

@@ -8,6 +8,7 @@ import torch
 
 import td_lambda_tetris as td
 import td_reference as ref
+from td_reference import one_torch_thread  # noqa: F401  (autouse: the module's tests on one torch thread)
 
 
 def test_dsilu_is_the_derivative_of_silu_and_its_derivative_is_eq_12():
@@ -240,7 +241,8 @@ def test_eta_is_the_slowest_runs_remaining_placements_at_its_recent_episode_leng
     lengths[0, :200] = 10 + 2 * np.arange(200)
     lengths[1, :] = 7
     lengths[2, :290] = 50
-    assert td.eta_seconds(lengths, np.array([200, 300, 290]), 300, 100.0) == pytest.approx(100 * 309 / 100)
-    assert td.eta_seconds(lengths[1:2], np.array([300]), 300, 0.0) == 0.0  # every run has finished
-    assert td.eta_seconds(lengths, np.array([0, 300, 290]), 300, 100.0) == math.inf  # run 0 has no episode yet
-    assert td.fmt_time(3 * 3600 + 61.9) == "3h01m01s"
+    later = "(if episodes stay as long as the last 100)"
+    assert td.eta(lengths, np.array([200, 300, 290]), 300, 100.0) == f"ETA ≥ 0h05m09s {later}"  # 100 x 309 / 100 s
+    assert td.eta(lengths[1:2], np.array([300]), 300, 0.0) == f"ETA ≥ 0h00m00s {later}"  # every run has finished
+    assert td.eta(lengths, np.array([0, 300, 290]), 300, 100.0) == "ETA ?"  # run 0 has no episode yet
+    assert td.eta(lengths[:1], np.array([200]), 300, 100.0 * 309 / (3 * 3600 + 61.9)).startswith("ETA ≥ 3h01m01s")

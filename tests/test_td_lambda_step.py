@@ -7,6 +7,7 @@ import torch
 import td_lambda_tetris as td
 import td_reference as ref
 from envs.tetris import VARIANTS, ColumnEngine, binary_feature_indices, binary_feature_length
+from td_reference import one_torch_thread  # noqa: F401  (autouse: the module's tests on one torch thread)
 
 HEIGHT, WIDTH, PIECES = VARIANTS["sz"]
 GROUPS = [("dsilu", 0, 2), ("relu", 2, 4)]  # 4 runs, two activations
@@ -36,9 +37,9 @@ def make_step_setup(dtype, variant="sz"):
     return engine, params, k
 
 
-def play_step(step_fn, dtype, steps, fold="decay_traces", variant="sz"):
+def play_step(step_fn, dtype, steps, on_host=None, variant="sz"):
     """Run `steps` steps of `step_fn` (shallow_step or its compiled form) as main's loop does, the traces decayed and
-    folded by the learner's method `fold`; returns the boards after every step, the final carry and theta."""
+    folded by `decay_traces(decay, on_host)`; returns the boards after every step, the final carry and theta."""
     engine, params, k = make_step_setup(dtype, variant)
     learner = td.ShallowTD(params, GROUPS)
     rng = torch.Generator().manual_seed(1)
@@ -56,7 +57,7 @@ def play_step(step_fn, dtype, steps, fold="decay_traces", variant="sz"):
     boards = []
     for _ in range(steps):
         uniform = torch.rand(R, engine.num_placements + 1, generator=rng)
-        getattr(learner, fold)(carry["decay"])
+        learner.decay_traces(carry["decay"], on_host)
         carry = step_fn(learner, engine, carry, uniform, new_pieces(), k)
         boards.append(carry["boards"])
     return torch.stack(boards), carry, learner.parameters()
@@ -125,10 +126,10 @@ def test_shallow_step_plays_the_reference_games_with_the_reference_update():
 
 
 def test_trace_fold_through_numpy_views_equals_the_tensor_fold():
-    """decay_traces on a CPU takes numpy views of c and A (fold_on_host); a GPU takes tensor ops (fold_on_device).
+    """decay_traces on a CPU takes numpy views of c and A (on_host); a GPU takes tensor ops (on_host=False).
     The same float32 arithmetic: the same games and the same theta, bit for bit."""
-    host_boards, host, host_theta = play_step(td.shallow_step, torch.float32, 200, fold="fold_on_host")
-    boards, carry, theta = play_step(td.shallow_step, torch.float32, 200, fold="fold_on_device")
+    host_boards, host, host_theta = play_step(td.shallow_step, torch.float32, 200, on_host=True)
+    boards, carry, theta = play_step(td.shallow_step, torch.float32, 200, on_host=False)
     assert torch.equal(boards, host_boards)
     assert int(carry["episodes"].sum()) > 0  # some episodes ended: the fold at decay 0 ran
     for name in theta:

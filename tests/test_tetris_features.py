@@ -1,4 +1,4 @@
-"""The 20 Bertsekas-style features and their binary encoding (§3.1, tetris.md §0)."""
+"""The 20 Bertsekas-style features (§3.1) and their binary encoding (our choice, envs.tetris.binary_feature_indices)."""
 
 import numpy as np
 import torch

@@ -28,6 +28,7 @@ from envs.tetris import (
     placements,
     rotations,
 )
+from td_reference import one_torch_thread  # noqa: F401  (autouse: the module's tests on one torch thread)
 
 
 def board_from(rows, height=20, width=10):
@@ -128,7 +129,7 @@ def test_a_placement_that_does_not_fit_ends_the_game_and_leaves_the_board():
 
 
 def test_a_piece_that_would_complete_a_row_above_the_top_still_ends_the_game():
-    # the SZ-Tetris rule: the piece must fit before any clearing (tetris.md §0)
+    # the SZ-Tetris rule (§3.1: an episode ends when a piece does not fit): it must fit before any clearing
     board = board_from(["####.#####"] + ["#########."] * 19)
     vertical_i = next(a for a, (rot, col) in enumerate(placements(I)) if rot == 1 and col == 4)
     _, cleared, over, _ = engine_step(board, I, vertical_i)
