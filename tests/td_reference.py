@@ -1,21 +1,10 @@
 """The shallow network's maths written plainly, the reference the tests hold algos/td_lambda_tetris.py's fast paths to:
 V(s) and its hand-derived gradient per state (eq. 7, 11, 12) and the dense trace update with a sparse W1 gradient."""
 
-import pytest
 import torch
 import torch.nn.functional as F
 
 import td_lambda_tetris as td
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The Tetris tests' small ops on one torch thread (imported by each test module): on two, every op waits for the
-    other thread, and a test ran ~40x slower while the other core was busy. The count is restored after the module."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def shallow_hidden_input(params, idx: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,6 @@ import torch
 
 import td_lambda_tetris as td
 from envs import tetris
-from td_reference import one_torch_thread  # noqa: F401  (autouse: the module's tests on one torch thread)
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "algos", "td_lambda_tetris.py")
 

@@ -8,7 +8,6 @@ import torch
 
 import td_lambda_tetris as td
 import td_reference as ref
-from td_reference import one_torch_thread  # noqa: F401  (autouse: the module's tests on one torch thread)
 
 
 def test_dsilu_is_the_derivative_of_silu_and_its_derivative_is_eq_12():

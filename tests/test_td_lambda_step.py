@@ -7,7 +7,6 @@ import torch
 import td_lambda_tetris as td
 import td_reference as ref
 from envs.tetris import VARIANTS, ColumnEngine, binary_feature_indices, binary_feature_length
-from td_reference import one_torch_thread  # noqa: F401  (autouse: the module's tests on one torch thread)
 
 HEIGHT, WIDTH, PIECES = VARIANTS["sz"]
 GROUPS = [("dsilu", 0, 2), ("relu", 2, 4)]  # 4 runs, two activations

@@ -13,7 +13,6 @@ import td_lambda_tetris as td
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark"))
 import tetris_eval as ev  # noqa: E402
-from td_reference import one_torch_thread  # noqa: F401  (autouse: the module's tests on one torch thread)
 
 
 def train(**kw):

@@ -28,7 +28,6 @@ from envs.tetris import (
     placements,
     rotations,
 )
-from td_reference import one_torch_thread  # noqa: F401  (autouse: the module's tests on one torch thread)
 
 
 def board_from(rows, height=20, width=10):
