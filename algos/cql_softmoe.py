@@ -464,7 +464,7 @@ def physical_memory_bytes() -> int:
 def load_dataset(args: Args, num_actions: int) -> OfflineReplay:
     """Check every chosen file, say what the subset needs in memory (and stop if it does not fit), then read it."""
     files, directory = inspect_dataset(args), dataset_directory(args.dataset_dir)
-    row_bytes = FRAME_SHAPE[0] * FRAME_SHAPE[1] + 4 + 4 + 1 + 8  # frame, action, reward, terminal, sample index
+    row_bytes = FRAME_SHAPE[0] * FRAME_SHAPE[1] + 8 + 4 + 1 + 8  # frame, action, reward, terminal, sample index
     rows, available = sum(f.rows for f in files), physical_memory_bytes()
     needed = rows * row_bytes
     print(f"dataset: {len(files)} checkpoint file(s) {files[0].index}..{files[-1].index} of {directory}, the first "
@@ -788,7 +788,7 @@ def project_distribution(target_support: torch.Tensor, probs: torch.Tensor, supp
     """Dopamine's project_distribution (C51's projection onto the fixed support): m_i = sum_j clip(1 - |clip(T z_j,
     v_min, v_max) - z_i| / dz, 0, 1) p_j. target_support T z (B, N), probs p (B, N), support z (N,) -> m (B, N)."""
     dz = support[1] - support[0]
-    clipped = target_support.clamp(float(support[0]), float(support[-1]))
+    clipped = target_support.clamp(support[0], support[-1])  # tensor bounds: no host sync
     weight = (1.0 - (clipped[:, None, :] - support[None, :, None]).abs() / dz).clamp(0.0, 1.0)  # (B, i, j)
     return (weight * probs[:, None, :]).sum(-1)
 

@@ -545,6 +545,7 @@ class QNetwork(nn.Module):
     def __init__(self, num_actions: int, args: Args):
         super().__init__()
         self.moe_kind, self.tokenization, self.bf16 = args.moe, args.tokenization, args.bf16
+        self.num_actions = num_actions
         self.encoder = NatureEncoder() if args.encoder == "nature" else ImpalaEncoder()
         with torch.no_grad():
             features = self.encoder(torch.zeros(1, STACK, *FRAME_SHAPE))  # (1, d, h, w)
@@ -733,7 +734,8 @@ def period_crossed(step_before: int, step_after: int, period: int) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Main: set up, then the loop act -> step -> store -> learn -> sync -> log
+# Main: set up, then the loop act -> step -> store -> learn -> sync -> log (the emulators step in their threads while
+# the network learns: the actions are sent, the updates run, then the observations are received and stored)
 # ----------------------------------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
     args = fill_defaults(args)
@@ -924,7 +926,7 @@ class Run:
         path = os.path.join(self.run_dir, "snapshots", f"{SCRIPT}_{global_step}.pt")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         torch.save({"script": SCRIPT, "args": asdict(self.args), "global_step": global_step,
-                    "num_actions": self.q_net.head.out_features, "q_net": self.q_net.state_dict(),
+                    "num_actions": self.q_net.num_actions, "q_net": self.q_net.state_dict(),
                     "target_net": self.target_net.state_dict(), "torch_rng": torch.get_rng_state(),
                     "probe": {k: torch.from_numpy(v) for k, v in probe.items()}}, path)  # fmt: skip
 

@@ -120,7 +120,7 @@ class Args(Network):
     save_model: bool = False
     """save networks, optimiser, counters, episodes and generators to runs/{run_name}/{script}.pt, also mid-run"""
     checkpoint_replay: bool = False
-    """with --save-model: save the replay memory and its priorities beside the checkpoint (7,064 bytes/transition)"""
+    """with --save-model: save the replay memory and its priorities beside the checkpoint (7,072 bytes/transition)"""
     resume: str | None = None
     """checkpoint to go on from; --total-timesteps counts from the original start; every env starts a new episode"""
     write_every_minutes: float = 30.0
@@ -1035,7 +1035,8 @@ def period_crossed(step_before: int, step_after: int, period: int) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Main: set up, then the loop act -> step -> store -> learn -> sync -> log
+# Main: set up, then the loop act -> step -> store -> learn -> sync -> log (the emulators step in their threads while
+# the network learns: the actions are sent, the updates run, then the observations are received and stored)
 # ----------------------------------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
     args = fill_defaults(args)

@@ -114,7 +114,7 @@ def import_reference(dopamine_dir: str):
 def atari_states(game: str, count: int, seed: int) -> np.ndarray:
     """count stacks as rainbow_softmoe.py's vector env returns them (the Atari-100k protocol), random play."""
     args = rainbow_softmoe.preset_args("der", env_id=f"ALE/{game}-v5")
-    env = atari.make_env(args.protocol, game.lower(), 1, args.max_episode_frames)
+    env = atari.make_env(args.protocol, atari.game_from_env_id(args.env_id), 1, args.max_episode_frames)
     rng = np.random.default_rng(seed)
     obs, _ = env.reset(seed=seed)
     states = []
@@ -284,12 +284,14 @@ def our_network(cfg: dict, num_actions: int):
         moe_normalize=cfg.get("normalize", False),
         width_multiplier=cfg.get("width_multiplier", 1),
     )
-    if cfg["family"] == "dqn":
-        return dqn_softmoe.QNetwork(num_actions, **kw)
-    extra = dict(num_atoms=cfg["num_atoms"], dueling=cfg["dueling"])
-    if cfg["family"] == "cql":
-        return cql_softmoe.QNetwork(num_actions, **kw, **extra)
-    return rainbow_softmoe.QNetwork(num_actions, **kw, **extra, noisy=cfg["noisy"])
+    if cfg["family"] != "dqn":
+        kw |= dict(num_atoms=cfg["num_atoms"], dueling=cfg["dueling"])
+    if cfg["family"] == "rainbow":
+        kw |= dict(noisy=cfg["noisy"])
+    if kw["moe"] == "none":
+        kw |= dict(num_experts=None, tokenization=None)
+    script = {"dqn": dqn_softmoe, "cql": cql_softmoe, "rainbow": rainbow_softmoe}[cfg["family"]]
+    return script.build_network(script.fill_defaults(script.Args(**kw)), num_actions)  # QNetwork from its Network
 
 
 def flatten(params) -> dict:

@@ -1,4 +1,5 @@
-"""Shared modules of the scripts: tetris.py (registers envs/SZTetris-v0, envs/Tetris-v0 and envs/Tetris10x10-v0).
+"""Shared modules of the scripts: tetris.py (registers envs/SZTetris-v0, envs/Tetris-v0 and envs/Tetris10x10-v0) and
+atari.py (the Atari protocol of the MoE scripts).
 `code_version()` is what every script's summary.json records of the code that ran it."""
 
 import os

@@ -16,6 +16,7 @@ import torch
 
 import cql_softmoe as cql
 import dqn_softmoe as dqn
+import rainbow_softmoe as rb
 from benchmark import replay_to_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -242,6 +243,14 @@ def test_environment_and_network_are_dqn_softmoes_own():
              "architecture", "fill_defaults", "to_tensors"]  # fmt: skip
     for name in names:
         assert inspect.getsource(getattr(cql, name)) == inspect.getsource(getattr(dqn, name)), name
+    assert inspect.getsource(cql.project_distribution) == inspect.getsource(rb.project_distribution)  # C51's
+
+    def shared_block(module):  # the helper block at the end of every script
+        text = inspect.getsource(module)
+        start = text.index("# Shared helpers: byte-identical")
+        return text[start : text.index('if __name__ == "__main__":', start)]
+
+    assert shared_block(cql) == shared_block(dqn)
 
 
 def test_old_flag_names_still_parse():

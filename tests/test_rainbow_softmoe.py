@@ -2,8 +2,8 @@
 the DrQ augmentation against hand computations and their definitions; the presets against the reference's gin files;
 the update path, the evaluation, snapshots for benchmark/moe_analysis.py; short runs on a real game (every preset,
 resume with the replay memory and its priorities, old checkpoints, errors). What rainbow shares with dqn_softmoe.py
-byte for byte (the environment, the encoders, Soft MoE's maths, the outputs' helpers) is tested there; a test here
-checks that it is still the same code."""
+byte for byte (the encoders, Soft MoE's maths, the outputs' helpers) is tested there, and the environment in
+test_atari.py; a test here checks that it is still the same code."""
 
 import glob
 import inspect
