@@ -92,7 +92,7 @@ class Network:
 
 
 @dataclass
-class Args(Network):
+class Args(Network):  # the Network options above come first in --help and in summary.json's args
     # --- experiment ---
     exp_name: str = SCRIPT
     """name of this experiment (part of the run name)"""

@@ -71,7 +71,7 @@ class Network:
 
 
 @dataclass
-class Args(Network):
+class Args(Network):  # the Network options above come first in --help and in summary.json's args
     # --- experiment ---
     exp_name: str = SCRIPT
     """name of this experiment (part of the run name)"""
@@ -247,6 +247,7 @@ class FrameReplay:
 
     def add(self, **row: np.ndarray):
         """One row for every environment, one array per field: frames (N, 84, 84), the others (N,)."""
+        assert row.keys() == self.FIELDS.keys(), f"add() takes exactly the fields {list(self.FIELDS)}"
         for name in self.FIELDS:
             getattr(self, name)[self.cursor] = row[name]
         self.cursor, self.count = (self.cursor + 1) % self.rows, min(self.count + 1, self.rows)

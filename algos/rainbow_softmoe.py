@@ -92,7 +92,7 @@ class Network:
 
 
 @dataclass
-class Args(Network):
+class Args(Network):  # the Network options above come first in --help and in summary.json's args
     # --- experiment ---
     preset: Literal["full-rainbow", "der", "drq-eps"] = "full-rainbow"
     """full-rainbow (full_rainbow.gin: the defaults below), der (DER.gin) or drq-eps (DrQ_eps.gin): the defaults of
@@ -383,6 +383,7 @@ class FrameReplay:
 
     def add(self, **row: np.ndarray):
         """One row for every environment, one array per field: frames (N, 84, 84), the others (N,)."""
+        assert row.keys() == self.FIELDS.keys(), f"add() takes exactly the fields {list(self.FIELDS)}"
         for name in self.FIELDS:
             getattr(self, name)[self.cursor] = row[name]
         if self.tree is not None:
