@@ -423,7 +423,8 @@ class Run:
         self.writer = SummaryWriter(self.dir)
         table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
         self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-        self.video_episode, self.frames = 0, [obs[0, -1]] if args.capture_video else None
+        self.capture_video, self.video_episode = args.capture_video, 0
+        self.frames = [obs[0, -1]] if args.capture_video else None
         P, loaded = summary["num_parameters"], f"; loaded {args.resume} at episode {episodes:,}" if ckpt else ""
         if ckpt and (trained := (ckpt["args"].get("tau0"), ckpt["args"].get("tau_k"))) != (args.tau0, args.tau_k):
             loaded += f" (note: trained with --tau0 {trained[0]} --tau-k {trained[1]}; tau(i) now follows this run's)"
@@ -439,7 +440,8 @@ class Run:
                 write_video(os.path.join(self.dir, "videos", f"episode-{self.video_episode}.mp4"), self.frames)
         if episode_ended:
             n = self.video_episode = self.video_episode + 1
-            self.frames = [] if (round(n ** (1 / 3)) ** 3 == n if n < 1000 else n % 1000 == 0) else None
+            cubic = round(n ** (1 / 3)) ** 3 == n if n < 1000 else n % 1000 == 0
+            self.frames = [] if self.capture_video and cubic else None
 
     def progress(self, history: dict, episodes, global_step, sps, tau, abs_td, q_sum, td_count):
         """tensorboard: rate, temperature, mean |delta| and Q(s_t, a_t) since the last line; the progress line."""

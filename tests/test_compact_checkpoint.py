@@ -38,7 +38,7 @@ def test_an_unpacked_checkpoint_is_the_original_and_resumes_the_same(tmp_path, m
     assert sorted(original) == sorted(restored)
     for name in original:
         np.testing.assert_array_equal(original[name], restored[name], err_msg=name)
-    ckpt, back = torch.load(second, weights_only=True), torch.load("restored/rainbow_softmoe.pt", weights_only=True)
+    ckpt, back = (torch.load(f, map_location="cpu", weights_only=True) for f in (second, "restored/rainbow_softmoe.pt"))
     assert original["pointers"][1] > 600 and len(ckpt["episodes"]) >= 1  # no-op starts and reset steps are rows too
     assert back["segment_starts"][0] == 0 and len(back["segment_starts"]) == 2
     for key in ("q_net", "target_net"):

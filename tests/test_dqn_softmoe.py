@@ -591,8 +591,10 @@ def test_phi_adam_eps_gives_phi_its_own_eps_and_leaves_the_rest_at_adam_eps():
             eps = phi_eps if (phi_eps and n == "moe.phi") else 1.5e-4
             expected = -lr * grads[n] / (grads[n].abs() + eps)
             assert torch.allclose(p.detach() - before[n], expected, atol=lr * 1e-3), n
-        steps[phi_eps] = float((net.moe.phi.detach() - before["moe.phi"]).abs().mean() / lr)
-    assert steps[1e-12] > 0.9 and steps[None] < 0.01, steps
+        moved, g = (net.moe.phi.detach() - before["moe.phi"]).abs() / lr, grads["moe.phi"].abs()
+        steps[phi_eps] = (float(moved[g > 1e-10].min()), float(moved.max()), float((g > 1e-10).float().mean()))
+    # with eps 1e-12 every element whose |g| is well above it moves by lr (Phi's |g| spans ~1e-15 to ~1e-9 here)
+    assert steps[1e-12][0] > 0.98 and steps[1e-12][2] > 0.1 and steps[None][1] < 0.01, steps
 
 
 def test_bf16_encoder_keeps_float32_outputs_close_to_the_float32_network():

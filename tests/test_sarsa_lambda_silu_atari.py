@@ -420,6 +420,14 @@ def trained(tmp_path_factory):
     return root, summary
 
 
+def test_a_run_without_capture_video_writes_no_video_and_needs_no_moviepy(tmp_path, monkeypatch):
+    """Episode 1 is on the video schedule (0, 1, 8, ...): without --capture-video nothing is recorded there either."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "moviepy", None)  # as on a machine without moviepy: importing it fails
+    summary = run(total_episodes=3)
+    assert not os.path.exists(os.path.join("runs", summary["run_name"], "videos"))
+
+
 def test_smoke_run_writes_summary_curves_tensorboard_video_and_checkpoint(trained):
     root, summary = trained
     run_dir = root / "runs" / summary["run_name"]
