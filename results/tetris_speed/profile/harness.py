@@ -1,10 +1,13 @@
 """Time and profile the shallow TD(lambda) step of algos/td_lambda_tetris.py outside `main`, the way `main` calls it
-(results/tetris_speed/README.md, "Where a 10-run compiled step goes").
+(results/tetris_speed/README.md, "Where a 10-run compiled step goes"). It calls the script's internals as they were
+at commit 944a914 (T.VARIANTS, StepConstants, ...), which later commits changed, so run that commit's copy:
 
-    .venv/bin/python results/tetris_speed/profile/harness.py --runs 10 --compile --profile
-    .venv/bin/python results/tetris_speed/profile/harness.py --runs 10 --compile --skip-guards
-    .venv/bin/python results/tetris_speed/profile/harness.py --runs 10 --compile --cpp-wrapper
-    .venv/bin/python results/tetris_speed/profile/harness.py --runs 10 --unroll 4   # the tried 4-step graph
+    git worktree add /tmp/td_944a914 944a914
+    H=/tmp/td_944a914/results/tetris_speed/profile_2026-11-24/harness.py
+    .venv/bin/python $H --runs 10 --compile --profile
+    .venv/bin/python $H --runs 10 --compile --skip-guards
+    .venv/bin/python $H --runs 10 --compile --cpp-wrapper
+    .venv/bin/python $H --runs 10 --unroll 4   # the tried 4-step graph
 
 The set-up (dSiLU, 50 hidden units, SZ-Tetris, the paper's constants) mirrors `main`'s. --unroll K compiles K steps as
 one graph and folds the traces ahead for K steps of decay. It only measures speed: an episode start inside the block
