@@ -138,6 +138,7 @@ def main():
         print(f"| {t['a']} - {t['b']} | {t['difference']:+.1f} | {t['welch_z']:.2f} | {t['permutation_p']:.2g} "
               f"| {t['holm_p']:.2g} | {t['verdict']} |")  # fmt: skip
     here = cli.out
+    os.makedirs(here, exist_ok=True)
     with open(os.path.join(here, "table1.json"), "w") as f:
         json.dump(dict(at_episode=cli.at, sources=sources, activations=rows, tests=tests, alpha=ALPHA,
                        resamples=RESAMPLES, permutations=PERMUTATIONS), f, indent=1, default=float)  # fmt: skip
