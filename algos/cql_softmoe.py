@@ -1107,7 +1107,10 @@ def restore(ckpt: dict, q_net, target_net, optimizer, rng):
     """Load a checkpoint's state into this run; returns the gradient-step counter and the evaluations."""
     q_net.load_state_dict(ckpt["q_net"])
     target_net.load_state_dict(ckpt["target_net"])
-    optimizer.load_state_dict(ckpt["optimizer"])
+    settings = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    optimizer.load_state_dict(ckpt["optimizer"])  # Adam's moments; it also brings back the saved lr, eps, ...
+    for group, ours in zip(optimizer.param_groups, settings, strict=True):
+        group.update(ours)  # ... so this run's flags (--learning-rate, --adam-eps, --cuda-graph's capturable) win
     rng.bit_generator.state = ckpt["numpy_rng"]
     torch.set_rng_state(ckpt["torch_rng"])
     return int(ckpt["updates"]), list(ckpt["evaluations"])

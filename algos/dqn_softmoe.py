@@ -985,7 +985,10 @@ def restore(ckpt: dict, q_net, target_net, optimizer, replay, rng):
     """Load a checkpoint's state into this run; returns the step and update counters and the episode history."""
     q_net.load_state_dict(ckpt["q_net"])
     target_net.load_state_dict(ckpt["target_net"])
-    optimizer.load_state_dict(ckpt["optimizer"])
+    settings = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    optimizer.load_state_dict(ckpt["optimizer"])  # Adam's moments; it also brings back the saved lr, eps, ...
+    for group, ours in zip(optimizer.param_groups, settings, strict=True):
+        group.update(ours)  # ... so this run's flags (--learning-rate, --adam-eps, --cuda-graph's capturable) win
     rng.bit_generator.state = ckpt["numpy_rng"]
     torch.set_rng_state(ckpt["torch_rng"])
     if ckpt["replay_state"] is not None:

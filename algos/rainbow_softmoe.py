@@ -1076,6 +1076,9 @@ def main(args: Args) -> dict:
             envs.close()
             raise SystemExit(f"error: --resume {args.resume!r} does not fit this run ({err})") from None
     run = Run(args, rom, q_net, target_net, optimizer, replay, rng, device, global_step, updates, episodes)
+    if ckpt is not None and ckpt.get("evaluations"):  # the evaluations of the segments before this one
+        run.summary["evaluations"], e = list(ckpt["evaluations"]), ckpt["evaluations"][-1]
+        run.summary.update(eval_mean_return=e["mean_return"], eval_human_normalized_score=e["human_normalized_score"])
 
     update = lambda batch: train_step(q_net, target_net, optimizer, to_tensors(batch, device), args)
     if args.cuda_graph:  # the same update, recorded as a CUDA graph at its first call and replayed
@@ -1219,7 +1222,8 @@ class Run:
             state = {"q_net": self.q_net.state_dict(), "target_net": self.target_net.state_dict(),
                      "optimizer": self.optimizer.state_dict(), "global_step": global_step, "updates": updates,
                      "episodes": episodes, "numpy_rng": self.rng.bit_generator.state,
-                     "torch_rng": torch.get_rng_state()}  # fmt: skip
+                     "torch_rng": torch.get_rng_state(),
+                     "evaluations": self.summary.get("evaluations", [])}  # fmt: skip
             if args.checkpoint_replay:  # the replay first, under its own step's name; the older one goes last
                 state["replay"] = save_replay(path, self.replay, global_step)
             save_checkpoint(path, args, state)
@@ -1319,7 +1323,10 @@ def restore(ckpt: dict, q_net, target_net, optimizer, replay, rng):
     """Load a checkpoint's state into this run; returns the step and update counters and the episode history."""
     q_net.load_state_dict(ckpt["q_net"])
     target_net.load_state_dict(ckpt["target_net"])
-    optimizer.load_state_dict(ckpt["optimizer"])
+    settings = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    optimizer.load_state_dict(ckpt["optimizer"])  # Adam's moments; it also brings back the saved lr, eps, ...
+    for group, ours in zip(optimizer.param_groups, settings, strict=True):
+        group.update(ours)  # ... so this run's flags (--learning-rate, --adam-eps, --cuda-graph's capturable) win
     rng.bit_generator.state = ckpt["numpy_rng"]
     torch.set_rng_state(ckpt["torch_rng"])
     if ckpt["replay_state"] is not None:

@@ -234,6 +234,23 @@ def test_train_step_is_the_cql_loss_backward_and_adam_step_and_reports_phis_grad
         assert ("phi_grad_rms" in metrics) == (kw["moe"] == "softmoe")
 
 
+def test_a_resume_keeps_adams_moments_and_takes_this_runs_learning_rate_and_eps():
+    torch.manual_seed(0)
+    net = cql.build_network(cql.fill_defaults(cql.Args(encoder="nature", num_experts=4)), 4)
+    saved = cql.make_optimizer(net, cql.Args(learning_rate=1e-3))
+    net(torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)).sum().backward()
+    saved.step()
+    rng = np.random.default_rng(0)
+    ckpt = {"q_net": net.state_dict(), "target_net": net.state_dict(), "optimizer": saved.state_dict(),
+            "numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(), "updates": 5, "evaluations": []}
+    optimizer = cql.make_optimizer(net, cql.Args(learning_rate=5e-4, adam_eps=1e-8))
+    assert cql.restore(ckpt, net, net, optimizer, rng) == (5, [])
+    assert [(g["lr"], g["eps"]) for g in optimizer.param_groups] == [(5e-4, 1e-8)]
+    assert len(optimizer.state) == len(saved.state) > 0
+    for p, state in saved.state.items():
+        assert torch.equal(optimizer.state[p]["exp_avg"], state["exp_avg"])
+
+
 def test_environment_and_network_are_dqn_softmoes_own():
     """The network's pieces are dqn_softmoe.py's, character for character, so that its tests (the Soft MoE equations,
     the encoders, ...) hold here and a diff of the scripts shows CQL; the environment is envs/atari.py for both."""

@@ -610,6 +610,27 @@ def test_bf16_encoder_keeps_float32_outputs_close_to_the_float32_network():
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in half.encoder.parameters())
 
 
+def test_a_resume_keeps_adams_moments_and_takes_this_runs_optimizer_settings():
+    """optimizer.load_state_dict alone would bring back the saved lr and eps (and capturable, which --cuda-graph
+    needs): restore keeps the checkpoint's moments and this run's flags."""
+    torch.manual_seed(0)
+    net = qnet(4, "nature", moe="softmoe", num_experts=4)
+    saved = dqn.make_optimizer(net, dqn.fill_defaults(dqn.Args(encoder="nature", num_experts=4, learning_rate=1e-3)))
+    net(torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)).sum().backward()
+    saved.step()
+    rng = np.random.default_rng(0)
+    ckpt = {"q_net": net.state_dict(), "target_net": net.state_dict(), "optimizer": saved.state_dict(),
+            "numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(), "replay_state": None,
+            "global_step": 7, "updates": 3, "episodes": []}  # fmt: skip
+    args = dqn.fill_defaults(dqn.Args(encoder="nature", num_experts=4, learning_rate=5e-4, adam_eps=1e-8))
+    optimizer = dqn.make_optimizer(net, args)
+    assert dqn.restore(ckpt, net, net, optimizer, None, rng) == (7, 3, [])
+    assert [(g["lr"], g["eps"], g["capturable"]) for g in optimizer.param_groups] == [(5e-4, 1e-8, False)]
+    assert len(optimizer.state) == len(saved.state) > 0
+    for p, state in saved.state.items():
+        assert torch.equal(optimizer.state[p]["exp_avg"], state["exp_avg"])
+
+
 def test_iteration_returns_average_the_episodes_that_end_in_each_complete_iteration():
     episodes = [(10, 1.0, 5), (100, 3.0, 5), (101, 10.0, 5), (250, 20.0, 5), (260, 99.0, 5)]
     out = dqn.iteration_returns(episodes, 100, global_step=300)

@@ -507,6 +507,17 @@ def test_smoke_run_on_breakout(tmp_path, monkeypatch, preset, kw):
         assert saved["eval_human_normalized_score"] == pytest.approx((saved["eval_mean_return"] - 1.7) / 28.8)
 
 
+def test_a_resumed_run_keeps_the_evaluations_of_the_segments_before_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    kw = dict(SMALL, learning_starts=200, eval_episodes=2, eval_every=240, max_episode_frames=400, save_model=True)
+    first = run("drq-eps", total_timesteps=250, **kw)  # evaluations at 240 and after training, at 250
+    resumed = run("drq-eps", total_timesteps=260, resume=first["checkpoint"], **kw)
+    saved = json.loads((tmp_path / "runs" / resumed["run_name"] / "summary.json").read_text())
+    assert [e["global_step"] for e in saved["evaluations"]] == [240, 250, 260]
+    assert saved["evaluations"][:2] == json.loads(json.dumps(first["evaluations"]))
+    assert saved["eval_mean_return"] == saved["evaluations"][-1]["mean_return"]
+
+
 def test_resume_with_the_replay_memory_keeps_the_priorities(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     kw = dict(SMALL, learning_starts=100, save_model=True, checkpoint_replay=True)
