@@ -126,6 +126,8 @@ def fill_defaults(args: Args) -> Args:
     defaults = dict(activation=("silu-dsilu",) if deep else ("dsilu",), total_episodes=200_000 if sz else 400_000,
                     alpha=0.0001 if deep else 0.001, hidden=50 if sz else 250, final_window=1000 if sz else 10_000,
                     holes_scale=33.0 * height / 20)  # fmt: skip
+    if deep:  # --hidden is the shallow net's width; the deep net's layers are fixed (§3.2)
+        del defaults["hidden"]
     vars(args).update({name: value for name, value in defaults.items() if getattr(args, name) is None})
     args.activation = (args.activation,) if isinstance(args.activation, str) else tuple(args.activation)
     return args
@@ -149,7 +151,9 @@ def validate(args: Args) -> str | None:
         return "--tau0 and --holes-scale must be positive and --tau-k non-negative"
     if args.num_runs < 1 or args.total_episodes < 1:
         return "--num-runs and --total-episodes must be at least 1 (benchmark/tetris_eval.py evaluates a checkpoint)"
-    if args.hidden < 1 or args.alpha <= 0 or args.final_window < 1:
+    if args.network == "deep" and (args.hidden is not None or args.compile):
+        return "--hidden and --compile apply to --network shallow only (the deep net's layers are fixed, run eagerly)"
+    if (args.hidden is not None and args.hidden < 1) or args.alpha <= 0 or args.final_window < 1:
         return "--hidden, --alpha and --final-window must be positive"
     if not (0 <= args.gamma <= 1 and 0 <= args.lam <= 1):
         return "--gamma and --lam must lie in [0, 1]"
@@ -575,6 +579,8 @@ def load_checkpoint(path: str, args: Args) -> dict:
     if want != have:
         diff = ", ".join(f"{k}: checkpoint {have.get(k)} vs requested {v}" for k, v in want.items() if v != have.get(k))
         raise ValueError(f"--resume {path!r} holds another architecture ({diff}); pass matching flags")
+    if ckpt.get("env_id", args.env_id) != args.env_id:  # SZ-Tetris and Tetris-v0 share the architecture
+        raise ValueError(f"--resume {path!r} was trained on {ckpt['env_id']}; pass --env-id {ckpt['env_id']}")
     if ckpt["num_runs"] != args.num_runs:
         raise ValueError(f"--resume {path!r} holds {ckpt['num_runs']} runs; pass --num-runs {ckpt['num_runs']}")
     if timing != args.reward_timing:  # V means another thing under each timing; checkpoints before the flag: 'next'

@@ -183,6 +183,8 @@ def test_ten_by_ten_defaults_follow_section_3_2():
         ({"lam": float("inf")}, "--lam must be a finite number, got inf"),
         ({"activation": ("dsilu", "dsilu")}, "--activation lists a value twice"),
         ({"network": "deep", "activation": ("silu-silu", "relu-relu")}, "need --network shallow"),
+        ({"network": "deep", "compile": True}, "--hidden and --compile apply to --network shallow only"),
+        ({"network": "deep", "hidden": 50}, "--hidden and --compile apply to --network shallow only"),
     ],
 )
 def test_bad_input_fails_with_one_line_before_anything_is_written(tmp_path, monkeypatch, kwargs, message):
@@ -206,6 +208,7 @@ def test_bad_checkpoints_fail_with_one_line(tmp_path, monkeypatch):
         ({"resume": path, "activation": "relu"}, "another architecture"),
         ({"resume": path, "num_runs": 3}, "holds 1 runs"),
         ({"resume": path, "reward_timing": "next"}, "trained with --reward-timing current"),
+        ({"resume": path, "env_id": "envs/Tetris-v0", "hidden": 50}, "trained on envs/SZTetris-v0; pass --env-id"),
     ]
     for kwargs, message in cases:
         with pytest.raises(SystemExit, match=message) as err:
