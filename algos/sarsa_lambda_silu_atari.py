@@ -535,6 +535,10 @@ def main(args: Args) -> dict:
             "num_parameters": num_parameters(num_actions, args.padding)}  # fmt: skip
     try:
         ckpt = load_checkpoint(args.resume, arch, args.total_episodes) if args.resume else None
+        # the generator's state is per device type (older checkpoints: a CPU state is 5,056 bytes, a CUDA one 16)
+        where = ckpt and ckpt.get("device", "cpu" if ckpt["rng_state"].numel() > 16 else "cuda")
+        if where and where != device.type:
+            raise ValueError(f"--resume {args.resume!r} was written on {where}; pass --device {where}")
     except ValueError as err:
         envs.close()
         raise SystemExit(f"error: {err}") from None
@@ -565,7 +569,7 @@ def main(args: Args) -> dict:
             torch.save({"format": CHECKPOINT_FORMAT, "architecture": arch, "num_envs": N, "theta": theta.cpu(),
                         "eligibility": eligibility.cpu(), "episodes": episodes, "global_step": global_step,
                         "history": {k: torch.tensor(v) for k, v in history.items()}, "rng_state": rng.get_state().cpu(),
-                        "args": asdict(args)}, f"{path}.tmp")  # fmt: skip
+                        "device": device.type, "args": asdict(args)}, f"{path}.tmp")  # fmt: skip
             os.replace(f"{path}.tmp", path)  # atomic: a stop while writing keeps the previous checkpoint
         run.write(history)
 

@@ -511,7 +511,11 @@ def test_bad_checkpoints_fail_with_one_line_before_anything_is_written(trained, 
     corrupt.write_bytes(b"\x80\x04 this is not a checkpoint")
     other = tmp_path / "other.pt"
     torch.save({"format": "td_lambda_tetris/1"}, other)
+    on_gpu, ckpt = tmp_path / "gpu.pt", torch.load(path, weights_only=True)  # as an older CUDA run wrote it
+    del ckpt["device"]
+    torch.save(ckpt | {"rng_state": torch.zeros(16, dtype=torch.uint8)}, on_gpu)
     cases = [
+        (dict(resume=str(on_gpu), device="cpu"), "was written on cuda; pass --device cuda"),
         (dict(activations="relu-relu"), "activations: checkpoint silu-dsilu vs requested relu-relu"),
         (dict(padding="valid"), "padding: checkpoint same vs requested valid"),
         (dict(env_id="ALE/Pong-v5"), "game: checkpoint breakout vs requested pong"),
