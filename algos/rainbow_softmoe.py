@@ -283,6 +283,7 @@ def validate(args: Args) -> str | None:
         (min(args.learning_starts, args.snapshot_every) < 0, "--learning-starts and --snapshot-every must be >= 0"),
         (not (0 <= args.gamma <= 1 and 0 <= args.end_e <= 1 and 0 <= args.eval_epsilon <= 1),
          "--gamma, --end-e and --eval-epsilon must lie in [0, 1]"),
+        (args.encoder == "nature" and args.impala_kernel != 3, "--impala-kernel needs --encoder impala"),
         (args.num_atoms < 1, f"--num-atoms must be at least 1 (1 = a scalar Q), got {args.num_atoms}"),
         (args.num_atoms > 1 and args.v_min >= args.v_max,
          f"--v-min ({args.v_min}) must be below --v-max ({args.v_max})"),

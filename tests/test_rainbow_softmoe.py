@@ -602,6 +602,7 @@ def test_a_snapshot_gives_the_statistics_of_the_runs_networks_with_the_noise_off
         (dict(n_step=0), "--n-step must be at least 1"),
         (dict(v_min=10.0, v_max=-10.0), "--v-min (10.0) must be below --v-max (-10.0)"),
         (dict(eval_every=1000), "--eval-every needs --eval-episodes"),
+        (dict(encoder="nature", impala_kernel=4), "--impala-kernel needs --encoder impala"),
         (dict(eval_epsilon=2.0), "--eval-epsilon must lie in [0, 1]"),
         (dict(learning_rate=float("inf")), "--learning-rate must be a finite number"),
     ],
