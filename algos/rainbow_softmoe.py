@@ -1119,6 +1119,8 @@ def main(args: Args) -> dict:
             obs = tracker.agent_view(next_obs)
             run.log_step(global_step, step.finished, next_obs, epsilon, updates, metrics)
     envs.close()
+    if args.snapshot_every and period_crossed(last_sync, global_step, args.snapshot_every):  # the run's last multiple:
+        run.save_snapshot(global_step)  # the final network, as the checkpoint and the evaluation have it
     return run.finish(global_step, updates, complete=not stopped())
 
 

@@ -83,7 +83,8 @@ class Args:
     log_every_seconds: float = 10.0
     """how often the progress line is printed"""
     write_every_minutes: float = 10.0
-    """how often summary.json, episodes.csv, the learning curve and the checkpoint are rewritten"""
+    """how often summary.json, episodes.csv, the learning curve and the checkpoint are rewritten (checked at each
+    progress line, so at most as often as --log-every-seconds)"""
 
     # --- environment (§3.3, through ale_py.AtariVectorEnv) ---
     env_id: str = "ALE/Alien-v5"

@@ -80,7 +80,8 @@ class Args:
     log_every_seconds: float = 10.0
     """how often the progress line is printed and the tensorboard scalars are written"""
     write_every_minutes: float = 10.0
-    """how often summary.json, the learning curves and (with --save-model) the checkpoint are rewritten"""
+    """how often summary.json, the learning curves and (with --save-model) the checkpoint are rewritten (checked at
+    each progress line, after its finiteness check, so at most as often as --log-every-seconds)"""
     capture_video: bool = False
     """mp4s of each activation's first run in runs/{run_name}/videos/, one frame per placement, for its episodes 0, 1,
     8, 27, ..., 729, 1000, 2000, ... (at most 2,000 placements each; needs moviepy)"""

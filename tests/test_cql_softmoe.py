@@ -241,8 +241,8 @@ def test_a_resume_keeps_adams_moments_and_takes_this_runs_learning_rate_and_eps(
     net(torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)).sum().backward()
     saved.step()
     rng = np.random.default_rng(0)
-    ckpt = {"q_net": net.state_dict(), "target_net": net.state_dict(), "optimizer": saved.state_dict(),
-            "numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(), "updates": 5, "evaluations": []}
+    ckpt = {"q_net": net.state_dict(), "target_net": net.state_dict(), "optimizer": saved.state_dict(), "updates": 5,
+            "numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(), "evaluations": []}  # fmt: skip
     optimizer = cql.make_optimizer(net, cql.Args(learning_rate=5e-4, adam_eps=1e-8))
     assert cql.restore(ckpt, net, net, optimizer, rng) == (5, [])
     assert [(g["lr"], g["eps"]) for g in optimizer.param_groups] == [(5e-4, 1e-8)]

@@ -130,6 +130,16 @@ def run(tmp_path, monkeypatch, **kw):
     return summary, torch.load(summary["checkpoint"], weights_only=True)
 
 
+def test_a_run_ending_on_a_multiple_of_snapshot_every_snapshots_its_final_network(tmp_path, monkeypatch):
+    kw = dict(encoder="nature", num_experts=2, expert_width=16, snapshot_every=150)
+    summary, ckpt = run(tmp_path, monkeypatch, total_timesteps=300, **kw)
+    run_dir = os.path.dirname(summary["checkpoint"])
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(run_dir, "snapshots", "*.pt")))
+    assert names == ["dqn_softmoe_201.pt", "dqn_softmoe_300.pt"]  # the loop ends at 300 before its learning step
+    snap = torch.load(os.path.join(run_dir, "snapshots", names[-1]), weights_only=True)
+    assert all(torch.equal(snap["q_net"][k], ckpt["q_net"][k]) for k in ckpt["q_net"])
+
+
 @pytest.mark.parametrize("moe", ["softmoe", "top1"])
 def test_a_snapshot_gives_the_statistics_of_the_runs_networks_at_that_step(tmp_path, monkeypatch, moe):
     """The run's last snapshot (step 300) comes after that step's updates and none follow it before the run ends at
