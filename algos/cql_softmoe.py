@@ -1033,7 +1033,8 @@ class Run:
             path = os.path.join(self.run_dir, f"{SCRIPT}.pt")
             state = {"q_net": self.q_net.state_dict(), "target_net": self.target_net.state_dict(),
                      "optimizer": self.optimizer.state_dict(), "updates": updates, "evaluations": evaluations,
-                     "numpy_rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state()}  # fmt: skip
+                     "numpy_rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+                     "cuda_rng": cuda_rng_state(self.q_net)}  # fmt: skip
             save_checkpoint(path, args, state)
             self.summary["checkpoint"] = path
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
@@ -1113,6 +1114,8 @@ def restore(ckpt: dict, q_net, target_net, optimizer, rng):
         group.update(ours)  # ... so this run's flags (--learning-rate, --adam-eps, --cuda-graph's capturable) win
     rng.bit_generator.state = ckpt["numpy_rng"]
     torch.set_rng_state(ckpt["torch_rng"])
+    if ckpt.get("cuda_rng") is not None and (device := next(q_net.parameters()).device).type == "cuda":
+        torch.cuda.set_rng_state(ckpt["cuda_rng"], device)
     return int(ckpt["updates"]), list(ckpt["evaluations"])
 
 
@@ -1180,6 +1183,12 @@ def load_checkpoint(path: str, args) -> dict:
     if diff := [f"{k}: checkpoint {v} vs requested {want.get(k)}" for k, v in sorted(have.items()) if want.get(k) != v]:
         raise ValueError(f"--resume {path!r} holds another architecture ({', '.join(diff)}); pass matching flags")
     return ckpt
+
+
+def cuda_rng_state(net) -> torch.Tensor | None:
+    """The CUDA generator's state on the network's device (NoisyNets, a random Phi, DrQ's shifts use it), or None."""
+    device = next(net.parameters()).device
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else None
 
 
 def fmt_time(seconds: float) -> str:

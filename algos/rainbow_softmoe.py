@@ -1225,7 +1225,7 @@ class Run:
             state = {"q_net": self.q_net.state_dict(), "target_net": self.target_net.state_dict(),
                      "optimizer": self.optimizer.state_dict(), "global_step": global_step, "updates": updates,
                      "episodes": episodes, "numpy_rng": self.rng.bit_generator.state,
-                     "torch_rng": torch.get_rng_state(),
+                     "torch_rng": torch.get_rng_state(), "cuda_rng": cuda_rng_state(self.q_net),
                      "evaluations": self.summary.get("evaluations", [])}  # fmt: skip
             if args.checkpoint_replay:  # the replay first, under its own step's name; the older one goes last
                 state["replay"] = save_replay(path, self.replay, global_step)
@@ -1332,6 +1332,8 @@ def restore(ckpt: dict, q_net, target_net, optimizer, replay, rng):
         group.update(ours)  # ... so this run's flags (--learning-rate, --adam-eps, --cuda-graph's capturable) win
     rng.bit_generator.state = ckpt["numpy_rng"]
     torch.set_rng_state(ckpt["torch_rng"])
+    if ckpt.get("cuda_rng") is not None and (device := next(q_net.parameters()).device).type == "cuda":
+        torch.cuda.set_rng_state(ckpt["cuda_rng"], device)
     if ckpt["replay_state"] is not None:
         replay.load_state_dict(ckpt["replay_state"])
     return int(ckpt["global_step"]), int(ckpt["updates"]), [tuple(e) for e in ckpt["episodes"]]
@@ -1427,6 +1429,12 @@ def load_checkpoint(path: str, args) -> dict:
     if diff := [f"{k}: checkpoint {v} vs requested {want.get(k)}" for k, v in sorted(have.items()) if want.get(k) != v]:
         raise ValueError(f"--resume {path!r} holds another architecture ({', '.join(diff)}); pass matching flags")
     return ckpt
+
+
+def cuda_rng_state(net) -> torch.Tensor | None:
+    """The CUDA generator's state on the network's device (NoisyNets, a random Phi, DrQ's shifts use it), or None."""
+    device = next(net.parameters()).device
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else None
 
 
 def fmt_time(seconds: float) -> str:

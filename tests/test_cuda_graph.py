@@ -100,6 +100,23 @@ def test_a_run_with_cuda_graphs_learns_and_writes_its_checkpoint(tmp_path, monke
     assert all(torch.isfinite(v).all() for v in saved["q_net"].values())
 
 
+@needs_cuda
+def test_a_resume_on_cuda_goes_on_with_the_cuda_generator_and_may_add_cuda_graphs(tmp_path, monkeypatch):
+    """The CUDA generator (NoisyNets' noise is drawn there) is checkpointed: a run stopped at 250 and resumed to 300
+    ends with the generator of the uninterrupted run. A resume may add --cuda-graph (Adam's capturable follows it)."""
+    monkeypatch.chdir(tmp_path)
+    kw = dict(env_id="ALE/Breakout-v5", learning_starts=200, buffer_size=3000, log_every_seconds=1000.0, device="cuda",
+              save_model=True, checkpoint_replay=True, snapshot_every=0, encoder="nature", moe="none")  # fmt: skip
+    whole = rb.main(rb.preset_args("full-rainbow", total_timesteps=300, **kw))
+    first = rb.main(rb.preset_args("full-rainbow", total_timesteps=250, **kw))
+    resumed = rb.main(rb.preset_args("full-rainbow", total_timesteps=300, resume=first["checkpoint"], **kw))
+    a, b, stop = (torch.load(s["checkpoint"], weights_only=True)["cuda_rng"] for s in (whole, resumed, first))
+    assert torch.equal(a, b) and not torch.equal(a, stop)
+    graphed = rb.main(rb.preset_args("full-rainbow", total_timesteps=300, resume=first["checkpoint"], cuda_graph=True,
+                                     **kw))  # fmt: skip
+    assert graphed["complete"] and graphed["updates"] > first["updates"]
+
+
 @pytest.mark.parametrize("module", [dqn, rb], ids=["dqn", "rainbow"])
 def test_cuda_graph_on_a_cpu_is_a_one_line_error(tmp_path, monkeypatch, module):
     monkeypatch.chdir(tmp_path)
