@@ -1099,6 +1099,10 @@ def eta(steps_left: int, sps: float, evaluations_left: int, seconds_per_evaluati
 def read_checkpoint(args: Args) -> dict:
     """The checkpoint to resume; ValueError with one line otherwise."""
     ckpt = load_checkpoint(args.resume, args)
+    # the same data: the game is in the architecture; --dataset-dir may have moved, so only its selection is compared
+    trained = {k: ckpt["args"].get(k, getattr(args, k)) for k in ("checkpoints", "data_percent", "n_step")}
+    if data := [f"--{k.replace('_', '-')} {v}" for k, v in trained.items() if v != getattr(args, k)]:
+        raise ValueError(f"--resume {args.resume!r} was trained on another part of the data; pass " + " ".join(data))
     if ckpt["updates"] >= args.num_iterations * args.steps_per_iteration:
         raise ValueError(f"--resume {args.resume!r} has done all {ckpt['updates']:,} steps; raise --num-iterations")
     return ckpt

@@ -1325,7 +1325,8 @@ def read_checkpoint(args: Args) -> dict:
 def restore(ckpt: dict, q_net, target_net, optimizer, replay, rng):
     """Load a checkpoint's state into this run; returns the step and update counters and the episode history."""
     q_net.load_state_dict(ckpt["q_net"])
-    target_net.load_state_dict(ckpt["target_net"])
+    if target_net is not q_net:  # rainbow's --target-network-frequency 1 makes them one network
+        target_net.load_state_dict(ckpt["target_net"])
     settings = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     optimizer.load_state_dict(ckpt["optimizer"])  # Adam's moments; it also brings back the saved lr, eps, ...
     for group, ours in zip(optimizer.param_groups, settings, strict=True):

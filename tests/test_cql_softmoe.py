@@ -517,6 +517,9 @@ def test_smoke_run_of_both_agents_on_a_dataset_from_a_real_game(tmp_path, monkey
     torch.save(ckpt | {"args": ckpt["args"] | {"truncation_is_terminal": False}}, summary["checkpoint"])
     resumed = cql.main(replace_args(args, resume=summary["checkpoint"], num_iterations=3))
     assert resumed["updates"] == 36 and [e["iteration"] for e in resumed["evaluations"]] == [1, 2, 3]
+    other = replace_args(args, resume=summary["checkpoint"], num_iterations=4, data_percent=50, n_step=args.n_step + 1)
+    with pytest.raises(SystemExit, match=f"another part of the data; pass --data-percent 100.0 --n-step {args.n_step}"):
+        cql.main(other)
 
 
 @pytest.mark.slow
