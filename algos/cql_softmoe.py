@@ -360,6 +360,11 @@ def inspect_dataset(args: Args) -> list[CheckpointFile]:
     directory = dataset_directory(args.dataset_dir)
     if not os.path.isdir(directory):
         raise DatasetError(f"--dataset-dir {args.dataset_dir!r}: no such directory")
+    if os.path.isfile(meta := os.path.join(directory, "dataset.json")):  # replay_to_dataset.py records its game
+        with open(meta) as f:
+            env_id = json.load(f).get("env_id")
+        if env_id and atari.game_from_env_id(env_id) != atari.game_from_env_id(args.env_id):
+            raise DatasetError(f"--dataset-dir {args.dataset_dir!r} holds {env_id} data; pass --env-id {env_id}")
     pattern = r"\$store\$_observation_ckpt\.(\d+)\.gz"
     found = sorted(int(m.group(1)) for f in os.listdir(directory) if (m := re.fullmatch(pattern, f)))
     if not found:

@@ -15,7 +15,8 @@ time-limit cut included (the dataset's quirk: its generating agent stored every 
 life-loss protocol a lost life ends the episode. The environments' episodes follow one another in the order in which
 they ended; the episodes still running at the checkpoint are written last, cut (terminal). A full file's add_count
 counts every row written so far; the last, partial file sets add_count to its rows, as Dopamine's final buffer does.
-behaviour_episodes.csv beside the data holds the run's episode returns (the behaviour policy's score).
+behaviour_episodes.csv beside the data holds the run's episode returns (the behaviour policy's score), and
+dataset.json its game (cql_softmoe.py refuses another --env-id).
 
 What it cannot do: the memory holds the last --buffer-size transitions, so the whole run is written only when the
 buffer holds all of its agent steps plus one reset step per finished episode (with 4 environments, the buffer is
@@ -27,6 +28,7 @@ interrupted episode ends one step early, cut.
 import argparse
 import csv
 import gzip
+import json
 import os
 import sys
 
@@ -99,8 +101,9 @@ def acted_rows(terminals: np.ndarray, valid: np.ndarray, history: np.ndarray) ->
     return acted
 
 
-def convert(state: dict, episodes: list, out: str, rows_per_file: int, n_step: int) -> dict:
-    """Write the dataset of a replay memory (FrameReplay.state_dict()); returns what was written."""
+def convert(state: dict, episodes: list, out: str, rows_per_file: int, n_step: int, env_id: str | None = None) -> dict:
+    """Write the dataset of a replay memory (FrameReplay.state_dict()), and with env_id its dataset.json (the game,
+    which cql_softmoe.py checks against --env-id); returns what was written."""
     cursor, count, capacity, num_envs = (int(v) for v in state["pointers"])
     order = (cursor - count + np.arange(count)) % capacity  # oldest row first
     frames, actions, rewards = state["frames"][order], state["actions"][order], state["rewards"][order]
@@ -131,6 +134,9 @@ def convert(state: dict, episodes: list, out: str, rows_per_file: int, n_step: i
     writer.close()
     with open(os.path.join(out, "behaviour_episodes.csv"), "w", newline="") as f:
         csv.writer(f).writerows([("global_step", "return", "length"), *episodes])
+    if env_id:
+        with open(os.path.join(out, "dataset.json"), "w") as f:
+            json.dump({"env_id": env_id, "transitions": written, "n_step": n_step}, f, indent=1)
     return {"transitions": written, "acted_rows_in_memory": int(acted.sum()), "files": writer.index,
             "memory_full": count == capacity}  # fmt: skip
 
@@ -143,15 +149,25 @@ def main():
     cli = parser.parse_args()
     if os.path.exists(os.path.join(cli.out, "add_count_ckpt.0.gz")):
         raise SystemExit(f"error: --out {cli.out!r} already holds a dataset; give a new folder")
-    ckpt = torch.load(cli.checkpoint, map_location="cpu", weights_only=True)
-    if not isinstance(ckpt, dict) or not ckpt.get("replay"):
+    try:
+        ckpt = torch.load(cli.checkpoint, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001  (missing, or any unpickling failure)
+        raise SystemExit(f"error: {cli.checkpoint!r} is not a readable checkpoint ({type(err).__name__})") from None
+    if not isinstance(ckpt, dict) or not str(ckpt.get("format", "")).startswith("dqn_softmoe/"):
+        raise SystemExit(f"error: {cli.checkpoint!r} is not a dqn_softmoe.py checkpoint")
+    if not ckpt.get("replay"):
         raise SystemExit(f"error: {cli.checkpoint!r} holds no replay memory; train with --checkpoint-replay")
     n_step = int(ckpt["args"].get("n_step", 1))
     if cli.rows_per_file < 2 * STACK + n_step:
         raise SystemExit(f"error: --rows-per-file must be at least {2 * STACK + n_step}")
-    with np.load(os.path.join(os.path.dirname(cli.checkpoint), ckpt["replay"]), allow_pickle=False) as data:
-        state = {k: data[k] for k in data.files}
-    done = convert(state, [tuple(e) for e in ckpt["episodes"]], cli.out, cli.rows_per_file, n_step)
+    replay = os.path.join(os.path.dirname(cli.checkpoint), ckpt["replay"])
+    try:
+        with np.load(replay, allow_pickle=False) as data:
+            state = {k: data[k] for k in data.files}
+    except Exception as err:  # noqa: BLE001  (missing, truncated or corrupt: the zip checks each array's CRC-32)
+        raise SystemExit(f"error: the replay memory {replay!r} is missing or corrupt ({type(err).__name__})") from None
+    episodes = [tuple(e) for e in ckpt["episodes"]]
+    done = convert(state, episodes, cli.out, cli.rows_per_file, n_step, env_id=ckpt["args"].get("env_id"))
     print(f"{cli.out}: {done['transitions']:,} transitions in {done['files']} file(s), from a checkpoint at step "
           f"{int(ckpt['global_step']):,}", file=sys.stderr)  # fmt: skip
     if done["memory_full"]:

@@ -493,7 +493,7 @@ def breakout_dataset(tmp_path_factory):
                                     log_every_seconds=1000.0, snapshot_every=0))  # fmt: skip
         ckpt = torch.load(summary["checkpoint"], weights_only=True)
         memory = np.load(os.path.join(os.path.dirname(summary["checkpoint"]), ckpt["replay"]))
-        replay_to_dataset.convert(dict(memory), ckpt["episodes"], "data", rows_per_file=200, n_step=1)
+        replay_to_dataset.convert(dict(memory), ckpt["episodes"], "data", 200, n_step=1, env_id="ALE/Breakout-v5")
     finally:
         os.chdir(cwd)
     return where / "data"

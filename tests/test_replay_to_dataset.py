@@ -4,8 +4,13 @@ episode ends, the time-limit cut, lost lives, reset steps left out), and cql_sof
 
 import gzip
 import os
+import subprocess
+import sys
+from dataclasses import replace
 
 import numpy as np
+import pytest
+import torch
 
 import cql_softmoe as cql
 import dqn_softmoe as dqn
@@ -114,3 +119,25 @@ def test_a_memory_that_wrapped_around_gives_the_episodes_that_started_in_it(tmp_
     assert done["memory_full"]
     written = [[(f, int(a), float(r), bool(d)) for f, a, r, d in e] for e in episodes_written(read(tmp_path / "data"))]
     assert same(written, [episode for first, episode in ended if first >= steps - rows])
+
+
+def test_the_dataset_records_its_game_and_cql_refuses_another(tmp_path):
+    replay, _ = play(steps=150, capacity=400)
+    convert.convert(replay.state_dict(), [], str(tmp_path / "data"), 1000, n_step=1, env_id="ALE/Breakout-v5")
+    args = cql.Args(env_id="ALE/Pong-v5", dataset_dir=str(tmp_path / "data"), data_percent=100.0)
+    with pytest.raises(cql.DatasetError, match="holds ALE/Breakout-v5 data; pass --env-id ALE/Breakout-v5"):
+        cql.inspect_dataset(args)
+    assert cql.inspect_dataset(replace(args, env_id="ALE/Breakout-v5"))  # the same game under another spelling: read
+
+
+def test_the_cli_refuses_what_is_not_a_dqn_checkpoint_with_its_replay_memory(tmp_path):
+    (tmp_path / "corrupt.pt").write_bytes(b"\x80\x04 not a checkpoint")
+    torch.save({"format": "rainbow_softmoe/2", "replay": "x.npz"}, tmp_path / "rainbow.pt")
+    torch.save({"format": "dqn_softmoe/2", "replay": "gone.npz", "args": {}}, tmp_path / "dqn.pt")
+    cases = [("corrupt.pt", "is not a readable checkpoint"), ("missing.pt", "is not a readable checkpoint"),
+             ("rainbow.pt", "is not a dqn_softmoe.py checkpoint"), ("dqn.pt", "gone.npz' is missing or")]  # fmt: skip
+    for name, message in cases:
+        out = subprocess.run([sys.executable, convert.__file__, str(tmp_path / name), "--out", str(tmp_path / "d")],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        last = out.stderr.strip().splitlines()[-1]  # (torch warns about a corrupt pickle before it)
+        assert out.returncode == 1 and last.startswith("error: ") and message in last, (name, out.stderr)
