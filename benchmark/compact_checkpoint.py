@@ -91,9 +91,14 @@ def pack(checkpoint: str, out: str):
     if not ckpt.get("replay"):
         raise SystemExit(f"error: {checkpoint!r} was saved without its replay memory; run with --checkpoint-replay")
     packed = os.path.join(out, STATE)
-    if os.path.exists(packed) and load(packed)["global_step"] > ckpt["global_step"]:
-        raise SystemExit(f"error: {out!r} holds a later step than {checkpoint!r} ({ckpt['global_step']:,}); unpack "
-                         "it to go on, or pack elsewhere")  # fmt: skip
+    if os.path.exists(packed):
+        before, run = load(packed), ("exp_name", "env_id", "seed")
+        if (theirs := [before["args"].get(k) for k in run]) != [ckpt["args"].get(k) for k in run]:
+            other = ", ".join(map(str, theirs))
+            raise SystemExit(f"error: {out!r} holds the pack of another run ({other}); pack elsewhere")
+        if before["global_step"] > ckpt["global_step"]:
+            raise SystemExit(f"error: {out!r} holds a later step than {checkpoint!r} ({ckpt['global_step']:,}); "
+                             "unpack it to go on, or pack elsewhere")  # fmt: skip
     try:
         replay = script.load_replay(checkpoint, ckpt["replay"])
     except ValueError as err:  # a running script replaces its checkpoint and replay file every --write-every-minutes
@@ -168,6 +173,8 @@ def replay_frames(args, arrays: dict, starts: list[int], count: int) -> np.ndarr
 
 
 def unpack(packed: str, checkpoint: str):
+    if os.path.exists(checkpoint):
+        raise SystemExit(f"error: {checkpoint!r} exists; unpack to a new path (a checkpoint is never overwritten)")
     state = load(os.path.join(packed, STATE))
     try:
         with np.load(os.path.join(packed, REPLAY), allow_pickle=False) as data:

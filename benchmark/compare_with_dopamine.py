@@ -588,8 +588,15 @@ def main():
     parser.add_argument("--dopamine-dir", required=True, help="a checkout of github.com/google/dopamine")
     parser.add_argument("--init-seeds", type=int, default=8, help="seeds per library for the initialisation part")
     parser.add_argument("--parts", default="123", help="which parts to run, e.g. 3 for the update check alone")
-    parser.add_argument("--out", default=os.path.join(ROOT, "results", "reference_check", "output.json"))
+    parser.add_argument("--out", default=None, help="default: results/reference_check/output.json, for all parts")
     args = parser.parse_args()
+    if not args.parts or set(args.parts) - set("123"):
+        parser.error(f"--parts takes digits of 1, 2 and 3, got {args.parts!r}")
+    if args.init_seeds < 1:
+        parser.error(f"--init-seeds must be at least 1, got {args.init_seeds}")
+    if args.out is None and set(args.parts) != set("123"):  # the committed output holds all three parts
+        parser.error("--parts without all of 1, 2 and 3 needs --out (the default is the committed full report)")
+    args.out = args.out or os.path.join(ROOT, "results", "reference_check", "output.json")
     networks, agents = import_reference(args.dopamine_dir)
     torch.set_num_threads(1)
     states = np.concatenate([atari_states("Boxing", 16, 0), atari_states("Breakout", 16, 0)])  # (32, 4, 84, 84)

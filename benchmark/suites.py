@@ -231,12 +231,15 @@ def atari_scores() -> dict:
 
 
 def expand(suite, budget, seeds=None, games=None, python=None, dataset="results/cql_cpu/work/dataset", extra=()):
-    """The suite's tasks. Raises SystemExit with one line on an unknown suite, budget or game."""
+    """The suite's tasks. Raises SystemExit with one line on an unknown suite, budget or game, a game the suite does
+    not play, or a cql suite on several games whose dataset does not vary with {game}."""
     if suite not in SUITES:
         raise SystemExit(f"error: unknown suite '{suite}' (known: {', '.join(SUITES)})")
     if budget not in BUDGETS:
         raise SystemExit(f"error: unknown budget '{budget}' (known: {', '.join(BUDGETS)})")
     if suite in ELFWING_SUITES:
+        played = {spec.game: None for spec in elfwing_specs(suite, budget)}  # its games at this budget, in order
+        check_games(games, suite, played, f" at the {budget} budget")
         seeds = seeds or ([1, 2] if suite == "atari-table2" else [1])  # Table 2: two runs per game
         return elfwing_expand(suite, budget, seeds, games, python or sys.executable, extra)
     default_games, kind, variants = suite_definition(suite)
@@ -246,8 +249,12 @@ def expand(suite, budget, seeds=None, games=None, python=None, dataset="results/
             raise SystemExit(
                 f"error: unknown game '{unknown[0]}' (Gymnasium's CamelCase ROM names, e.g. Pong, MsPacman)"
             )
-    else:
-        games = SMOKE_GAMES if budget == "smoke" else default_games
+    if suite != "cql-fig11":  # Fig. 11's games are whichever --games names (the paper does not list them)
+        check_games(games, suite, default_games)
+    games = games or (SMOKE_GAMES if budget == "smoke" else default_games)
+    if kind == "offline" and len(games) > 1 and "{game}" not in dataset:
+        raise SystemExit(f"error: {suite} on {len(games)} games needs {{game}} in --dataset (e.g. data/{{game}}), "
+                         f"or every game reads the one dataset {dataset}")  # fmt: skip
     seeds = seeds or DEFAULT_SEEDS[budget]
     python = python or sys.executable
     tasks = []
@@ -275,6 +282,12 @@ def expand(suite, budget, seeds=None, games=None, python=None, dataset="results/
     return tasks
 
 
+def check_games(games, suite, valid, where=""):
+    """One line for a --games entry the suite does not play (it would give no task)."""
+    if outside := [g for g in games or () if g not in valid]:
+        raise SystemExit(f"error: game '{outside[0]}' is not in {suite}{where} (its games: {' '.join(valid)})")
+
+
 def elfwing_expand(suite, budget, seeds, games, python, extra):
     tasks = []
     for spec in elfwing_specs(suite, budget):
@@ -289,7 +302,8 @@ def elfwing_expand(suite, budget, seeds, games, python, extra):
             then = ""
             if spec.evaluate:  # the newest checkpoint of this task's run (run names end in the start time)
                 checkpoint = "td_lambda_tetris.pt" if tetris else "sarsa_lambda_silu_atari.pt"
-                out = ["--out", f"runs/{exp}.s{seed}.eval"] if tetris else ["--exp-name", f"{exp}.eval"]
+                # the budget in the folder: tetris_eval.py refuses a folder that holds an evaluation already
+                out = ["--out", f"runs/{exp}.{budget}.s{seed}.eval"] if tetris else ["--exp-name", f"{exp}.eval"]
                 run_name = f"{spec.game}-v0__{exp}" if tetris else f"{spec.game}__{exp}"  # the scripts' run names
                 found = f'"$(ls -td runs/{run_name}__*__{seed}__*/ | head -n 1){checkpoint}"'
                 evaluate = shlex.join(spec.evaluate[1:] + out)
@@ -625,7 +639,7 @@ def run_local(tasks, jobs: int) -> int:
 def sbatch_script(tasks, suite, args, folder: str) -> str:
     """The job array's script: task i runs line i + 1 of {folder}/tasks.txt (one task per line)."""
     options = [f"--job-name={suite}", f"--array=0-{len(tasks) - 1}", f"--output={folder}/slurm-%A_%a.out",
-               f"--cpus-per-task={args.cpus_per_task}"]  # fmt: skip
+               f"--cpus-per-task={1 if args.cpus_per_task is None else args.cpus_per_task}"]  # fmt: skip
     if args.partition:
         options.append(f"--partition={args.partition}")
     if args.time:
@@ -666,16 +680,17 @@ def main(argv=None):
     p.add_argument("--budget", default="reduced")
     p.add_argument("--seeds", default="", help='e.g. "1 2 3"; default: 1 (smoke), 1 2 (reduced), 1-5 (paper)')
     p.add_argument("--games", default="", help='e.g. "Pong Breakout"; default: the figure\'s games (smoke: the first)')
-    p.add_argument("--dataset", default="results/cql_cpu/work/dataset", help="cql-fig11: dataset dir, {game} allowed")
+    # the options a suite or a launch does not use default to None, so that one given in vain is refused
+    p.add_argument("--dataset", help="cql-fig11: dataset dir, {game} allowed (default: results/cql_cpu/work/dataset)")
     p.add_argument("--dry-run", action="store_true", help="print every command, run nothing")
-    p.add_argument("--jobs", type=int, default=1, help="run the tasks N at a time on this machine")
+    p.add_argument("--jobs", type=int, help="run the tasks N at a time on this machine (default 1)")
     p.add_argument(
         "--slurm", action="store_true", help="submit one SLURM job array, one task per (game, variant, seed)"
     )
-    p.add_argument("--partition", default="")
-    p.add_argument("--time", default="")
-    p.add_argument("--gpus-per-task", type=int, default=0)
-    p.add_argument("--cpus-per-task", type=int, default=1)
+    p.add_argument("--partition", help="--slurm only")
+    p.add_argument("--time", help="--slurm only")
+    p.add_argument("--gpus-per-task", type=int, help="--slurm only")
+    p.add_argument("--cpus-per-task", type=int, help="--slurm only (default 1)")
     # everything after "--" goes to every task; split it off before argparse, which would otherwise refuse options
     # given between the suite name and "--" (a trailing nargs="*" positional is filled, empty, with the suite)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -686,12 +701,26 @@ def main(argv=None):
         seeds = [int(s) for s in args.seeds.split()]
     except ValueError:
         raise SystemExit(f"error: --seeds takes integers, got '{args.seeds}'") from None
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         raise SystemExit(f"error: --jobs must be at least 1, got {args.jobs}")
+    for values, name in ((seeds, "--seeds"), (args.games.split(), "--games")):  # two tasks would share one log
+        if twice := [v for i, v in enumerate(values) if v in values[:i]]:
+            raise SystemExit(f"error: {name} lists {twice[0]} twice")
+    if args.dataset is not None and args.suite != "cql-fig11":
+        raise SystemExit(f"error: --dataset is for cql-fig11 only; {args.suite} reads no dataset")
+    slurm_only = [f"--{k.replace('_', '-')}" for k in ("partition", "time", "gpus_per_task", "cpus_per_task")
+                  if getattr(args, k) is not None]  # fmt: skip
+    if slurm_only and not args.slurm:
+        raise SystemExit(f"error: {slurm_only[0]} sets the SLURM job array: it needs --slurm")
+    if args.jobs is not None and args.slurm:
+        raise SystemExit("error: --jobs runs tasks on this machine; with --slurm each array task runs one task")
     python = os.environ.get("PYTHON") or (
         ".venv/bin/python" if os.path.exists(os.path.join(ROOT, ".venv/bin/python")) else sys.executable
     )
-    tasks = expand(args.suite, args.budget, seeds, args.games.split(), python, args.dataset, extra)
+    dataset = "results/cql_cpu/work/dataset" if args.dataset is None else args.dataset
+    tasks = expand(args.suite, args.budget, seeds, args.games.split(), python, dataset, extra)
+    if not tasks:  # never a manifest, job array or run of nothing
+        raise SystemExit(f"error: {args.suite} has no task with these --games and --seeds")
     if args.slurm and not args.dry_run and shutil.which("sbatch") is None:
         raise SystemExit("error: --slurm needs sbatch on PATH (no SLURM client found); use --jobs N to run here")
     os.chdir(ROOT)
@@ -719,8 +748,9 @@ def main(argv=None):
         print(f"when it finishes: bash benchmark.sh report {args.suite}")
         print(job_id)
         return 0
-    write_manifest(tasks, args.suite, args.budget, f"local --jobs {args.jobs}")
-    failed = run_local(tasks, args.jobs)
+    jobs = args.jobs or 1
+    write_manifest(tasks, args.suite, args.budget, f"local --jobs {jobs}")
+    failed = run_local(tasks, jobs)
     print(
         f"{args.suite}: {len(tasks) - failed} of {len(tasks)} tasks exited cleanly; "
         f"bash benchmark.sh report {args.suite}"

@@ -5,8 +5,8 @@ episode, §4.2), and V(s_t) against the discounted return R_t along the episodes
     python benchmark/tetris_eval.py --checkpoint runs/<run>/td_lambda_tetris.pt --activation dsilu --run best
 
 Writes summary.json (per rule: mean score, per-run means, exploratory actions per episode), value_analysis.csv and
-value_analysis.png to --out. Each run plays 64 / (runs evaluated) games at once on its own copies of theta; the
-games use their own generator (--seed + 10,000), never the training games'.
+value_analysis.png to --out (refused if it holds a summary.json already). Each run plays 64 / (runs evaluated) games
+at once on its own copies of theta; the games use their own generator (--seed + 10,000), never the training games'.
 """
 
 import csv
@@ -230,6 +230,7 @@ def load(cli: Args):
     params = {name: v[rows] for name, v in ckpt["params"].items()}
     episodes, scores = ckpt["episodes"][rows], ckpt["scores"][rows]
     known = {k: v for k, v in ckpt["args"].items() if k in td.Args.__dataclass_fields__}  # older flags dropped
+    known.setdefault("reward_timing", "next")  # checkpoints from before the flag trained with 'next' (load_checkpoint)
     args = td.fill_defaults(td.Args(**{**known, "activation": (act,), "resume": None}))
     if cli.run == "best":
         if int(episodes.min()) == 0:
@@ -252,6 +253,13 @@ def main(cli: Args) -> dict:
             raise SystemExit(f"error: bad --selections {rule!r}: epsilon must lie in [0, 1] and tau be positive")
     if cli.episodes < 1:
         raise SystemExit("error: --episodes must be at least 1")
+    if cli.value_analysis_episodes < 0:
+        raise SystemExit("error: --value-analysis-episodes must be 0 (none) or more")
+    if cli.device != "auto" and cli.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"error: --device {cli.device} asked for CUDA but torch sees no GPU; use --device cpu or auto")
+    if cli.out and os.path.exists(os.path.join(cli.out, "summary.json")):  # never a new evaluation over an old one
+        raise SystemExit(f"error: --out {cli.out} already holds an evaluation (summary.json): choose another --out or "
+                         "remove it")  # fmt: skip
     args, params, episodes, ids = load(cli)
     args.seed = cli.seed
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cli.device == "auto" else cli.device)

@@ -75,3 +75,18 @@ def test_a_pack_that_the_emulator_does_not_play_again_is_a_one_line_error(tmp_pa
     with pytest.raises(SystemExit, match="its state.pt and replay.npz come from different packs; pack again$"):
         cc.unpack("packed", "restored/rainbow_softmoe.pt")
     assert not os.path.exists("restored")
+
+
+def test_unpack_never_overwrites_a_checkpoint_and_pack_never_overwrites_another_runs_pack(tmp_path):
+    existing = tmp_path / "run" / "rainbow_softmoe.pt"
+    existing.parent.mkdir()
+    existing.write_bytes(b"a live run's checkpoint")
+    with pytest.raises(SystemExit, match="exists; unpack to a new path"):
+        cc.unpack(str(tmp_path / "packed"), str(existing))
+    assert existing.read_bytes() == b"a live run's checkpoint"
+    run = {"exp_name": "impala8_none_s1", "env_id": "ALE/Breakout-v5", "seed": 1}
+    torch.save({"format": cc.FORMAT, "replay": "r.npz", "global_step": 900, "args": run}, tmp_path / "ckpt.pt")
+    (tmp_path / "packed").mkdir()
+    torch.save({"format": cc.FORMAT, "global_step": 500, "args": run | {"seed": 2}}, tmp_path / "packed" / cc.STATE)
+    with pytest.raises(SystemExit, match=r"holds the pack of another run \(impala8_none_s1, ALE/Breakout-v5, 2\)"):
+        cc.pack(str(tmp_path / "ckpt.pt"), str(tmp_path / "packed"))

@@ -1,6 +1,7 @@
 """What a suite costs at the paper budget: every suite's dry run prints its task count and the compute it needs, and
 each figure equals tasks x per-task budget / rate, recomputed here from the papers' budgets (not from suites.py's
-cost code) and the measured rates, whose numbers must stand in the files they cite."""
+cost code) and the measured rates, whose numbers must stand in the files they cite. And a launch that would run
+nothing, feed every game one dataset, share a log or overwrite an evaluation, or ignore an option, is one line."""
 
 import os
 import re
@@ -104,3 +105,69 @@ def test_flags_after_the_double_dash_pick_their_rates(capsys, monkeypatch):
 
 def test_only_the_paper_budget_is_costed(capsys, monkeypatch):
     assert "compute at the paper budget" not in dry_run(capsys, monkeypatch, "tetris-table1", "--budget", "reduced")
+
+
+@pytest.mark.parametrize(
+    "suite, budget, game",
+    [("atari-table2", "reduced", "Pong"), ("atari-table3", "paper", "Breakout"), ("tetris-table1", "paper", "Pong"),
+     ("atari-table2", "smoke", "Asterix"), ("moe-fig1", "paper", "Alien"), ("atari100k", "paper", "Asteroids")],
+)  # fmt: skip
+def test_a_game_outside_the_suite_is_refused_naming_its_games(suite, budget, game, monkeypatch):
+    """It would give no task, yet overwrite the suite's task list (or, with --slurm, build --array=0--1)."""
+    monkeypatch.chdir(ROOT)  # main() changes to the repository; a dry run writes nothing
+    elfwing = suite in suites.ELFWING_SUITES
+    valid = {s.game for s in suites.elfwing_specs(suite, budget)} if elfwing else set(suites.suite_definition(suite)[0])
+    with pytest.raises(SystemExit, match=f"error: game '{game}' is not in {suite}") as err:
+        suites.main([suite, "--budget", budget, "--games", game, "--dry-run"])
+    assert "\n" not in str(err.value) and set(str(err.value).split("(its games: ")[1][:-1].split()) == valid
+
+
+def test_a_launch_of_no_task_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(suites, "ROOT", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(suites, "expand", lambda *a, **k: [])
+    with pytest.raises(SystemExit, match="has no task"):
+        suites.main(["tetris-table1"])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_cql_suite_on_several_games_needs_game_in_its_dataset():
+    with pytest.raises(SystemExit, match=r"needs \{game\} in --dataset"):
+        suites.expand("cql-fig11", "smoke", games=["Pong", "Breakout"], dataset="data/one")
+    tasks = suites.expand("cql-fig11", "smoke", games=["Pong", "Breakout"], dataset="data/{game}")
+    datasets = {t.game: t.argv[t.argv.index("--dataset-dir") + 1] for t in tasks}
+    assert datasets == {"Pong": "data/Pong", "Breakout": "data/Breakout"}
+    assert suites.expand("cql-fig11", "smoke", games=["Pong"], dataset="data/one")  # one game, one dataset
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["tetris-table1", "--dataset", "data"], "--dataset is for cql-fig11 only"),
+        (["moe-fig1", "--partition", "gpu"], "--partition sets the SLURM job array: it needs --slurm"),
+        (["moe-fig1", "--time", "1:00:00"], "--time sets the SLURM"),
+        (["moe-fig1", "--gpus-per-task", "1"], "--gpus-per-task sets the SLURM"),
+        (["moe-fig1", "--cpus-per-task", "1"], "--cpus-per-task sets the SLURM"),  # the default, given
+        (["moe-fig1", "--slurm", "--jobs", "2"], "--jobs runs tasks on this machine"),
+        (["moe-fig1", "--seeds", "1 2 1"], "--seeds lists 1 twice"),
+        (["moe-fig1", "--games", "Pong Pong"], "--games lists Pong twice"),
+    ],
+)
+def test_an_option_the_launch_would_ignore_is_refused(argv, message, monkeypatch):
+    """Each would be dropped silently (or, for a seed or game given twice, make two tasks write one log)."""
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit, match=message) as err:
+        suites.main([*argv, "--dry-run"])
+    assert "\n" not in str(err.value)
+
+
+def test_slurm_options_with_slurm_still_reach_the_job_script(capsys, monkeypatch):
+    out = dry_run(capsys, monkeypatch, "tetris-table1", "--slurm", "--partition", "gpu", "--cpus-per-task", "4")
+    assert "#SBATCH --partition=gpu" in out and "#SBATCH --cpus-per-task=4" in out
+    assert "#SBATCH --cpus-per-task=1" in dry_run(capsys, monkeypatch, "tetris-table1", "--slurm")
+
+
+def test_the_table3_evaluation_folder_names_its_budget():
+    """A smoke run's evaluation must not land in (and be refused by, or replace) the reduced or paper one."""
+    folders = {b: suites.expand("tetris-table3", b)[0].then.split("--out ")[1].split()[0] for b in suites.BUDGETS}
+    assert folders == {b: f"runs/tetris-table3.dsilu.{b}.s1.eval" for b in suites.BUDGETS}

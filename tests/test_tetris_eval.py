@@ -80,11 +80,38 @@ def test_one_activation_of_a_batched_checkpoint_and_the_best_run_are_evaluated_o
         (dict(run="7"), "--run must be"),
         (dict(activation="silu"), "pass --activation one of them"),
         (dict(checkpoint="missing.pt"), "is not a td_lambda_tetris checkpoint"),
+        (dict(value_analysis_episodes=-1), "--value-analysis-episodes must be 0"),
+        (dict(device="cuda"), "asked for CUDA but torch sees no GPU"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, monkeypatch, kw, message):
     monkeypatch.chdir(tmp_path)
     checkpoint = train(total_episodes=2, num_runs=2, activation=("dsilu", "relu"))["checkpoint"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # --device cuda on a machine without a GPU
     with pytest.raises(SystemExit, match=message) as err:
         evaluate(**{"checkpoint": checkpoint, "activation": "dsilu", **kw})
     assert "\n" not in str(err.value)
+
+
+def test_an_out_folder_that_holds_an_evaluation_is_refused_before_any_work(tmp_path, monkeypatch):
+    """A later run (a smoke one) into the folder of an earlier evaluation would replace its plots and summary."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "summary.json").write_text("{}")
+    with pytest.raises(SystemExit, match="already holds an evaluation") as err:  # before the checkpoint is read
+        evaluate("missing.pt", out=str(tmp_path / "eval"))
+    assert "\n" not in str(err.value) and (tmp_path / "eval" / "summary.json").read_text() == "{}"
+    assert sorted(os.listdir(tmp_path / "eval")) == ["summary.json"]
+
+
+def test_a_checkpoint_from_before_the_reward_timing_flag_is_evaluated_with_next(tmp_path, monkeypatch):
+    """td_lambda_tetris.py trained with r(s_{t+1}) before --reward-timing existed; its load_checkpoint assumes 'next'
+    for such checkpoints, and the value analysis must compute the rewards as they were trained."""
+    monkeypatch.chdir(tmp_path)
+    checkpoint = train(total_episodes=2, num_runs=1)["checkpoint"]
+    ckpt = torch.load(checkpoint, weights_only=True)
+    assert ckpt["args"]["reward_timing"] == "current"
+    del ckpt["args"]["reward_timing"]
+    torch.save(ckpt, tmp_path / "old.pt")
+    assert ev.load(ev.Args(checkpoint=checkpoint))[0].reward_timing == "current"
+    assert ev.load(ev.Args(checkpoint=str(tmp_path / "old.pt")))[0].reward_timing == "next"
