@@ -58,9 +58,9 @@ def tetris_eval_args(s, path) -> dict:
     return {"exp_name": "", "env_id": "envs/SZTetris-v0" if sz else ""}
 
 
-def find_summaries(dirs):
+def find_summaries(dirs, unreadable=None):
     """Every summary.json / eval_summary.json under dirs, each loaded with '_path' (and '_root', the folder it was
-    found under) set; unreadable files are skipped."""
+    found under) set; an unreadable file is skipped, and its path and why appended to `unreadable` where given."""
     out, seen = [], set()
     for d in dirs:
         for path in sorted(glob.glob(os.path.join(d, "**", "*summary.json"), recursive=True)):
@@ -71,9 +71,11 @@ def find_summaries(dirs):
             try:
                 with open(path) as f:
                     s = json.load(f)
-            except (OSError, json.JSONDecodeError):
+            except (OSError, json.JSONDecodeError) as err:
+                skipped(unreadable, path, err)
                 continue
             if not isinstance(s, dict):
+                skipped(unreadable, path, "not a JSON object")
                 continue
             if "args" not in s and isinstance(s.get("eval"), dict) and "eval_runs" in s:
                 s["args"] = tetris_eval_args(s, path)
@@ -83,8 +85,9 @@ def find_summaries(dirs):
     return out
 
 
-def find_table1(dirs):
-    """Every table1.json (results/tetris_table1_paper/settle.py's output) under dirs, with '_path' set."""
+def find_table1(dirs, unreadable=None):
+    """Every table1.json (results/tetris_table1_paper/settle.py's output) under dirs, with '_path' set; an unreadable
+    one (or one not in settle.py's schema) is appended to `unreadable` where given."""
     out, seen = [], set()
     for d in dirs:
         for path in sorted(glob.glob(os.path.join(d, "**", "table1.json"), recursive=True)):
@@ -94,12 +97,20 @@ def find_table1(dirs):
             try:
                 with open(path) as f:
                     t = json.load(f)
-            except (OSError, json.JSONDecodeError):
+            except (OSError, json.JSONDecodeError) as err:
+                skipped(unreadable, path, err)
                 continue
             if isinstance(t, dict) and isinstance(t.get("activations"), dict) and isinstance(t.get("tests"), list):
                 t["_path"] = path
                 out.append(t)
+            else:
+                skipped(unreadable, path, "not settle.py's schema")
     return out
+
+
+def skipped(unreadable, path, why):
+    if unreadable is not None:
+        unreadable.append(f"skipped (unreadable): {rel(path)} ({why})")
 
 
 def rel(path) -> str:
@@ -181,6 +192,77 @@ def table(header, rows) -> str:
     return "\n".join(lines)
 
 
+TRAINING = ("tetris", "sarsa", "dqn", "rainbow", "cql")  # the kinds a --resume goes on from (evaluations do not)
+
+
+def tail(path) -> tuple:
+    """A checkpoint's run folder and file name: how a path names it wherever the run folder was moved or copied."""
+    return tuple(os.path.normpath(str(path)).split(os.sep)[-2:])
+
+
+def checkpoint_names(s) -> set:
+    """The names a --resume may give the run's checkpoint: the path it recorded, and the file beside this summary.json
+    (or beside the run's, for the per-activation summary.json of a batched Tetris run)."""
+    if kind(s) not in TRAINING or not s.get("checkpoint"):
+        return set()
+    here, file = os.path.dirname(s["_path"]), os.path.basename(s["checkpoint"])
+    names = {tail(s["checkpoint"]), tail(os.path.join(here, file))}
+    if os.path.basename(here) == s.get("activation"):
+        names.add(tail(os.path.join(os.path.dirname(here), file)))
+    return {(kind(s), game_of(s), n) for n in names}
+
+
+def last_segments(runs) -> list:
+    """The runs less every resumed segment: each resume writes a new run folder, so a summary whose checkpoint another
+    training summary's --resume (--load-model) names is superseded by it. Each kept summary gets '_first_exp', the
+    experiment name of the chain's first segment."""
+    named = {}
+    for s in runs:
+        for n in checkpoint_names(s):
+            named.setdefault(n, []).append(s)
+    earlier, superseded = {}, set()
+    for s in runs:
+        resume = s["args"].get("resume") or s["args"].get("load_model")
+        if kind(s) in TRAINING and resume:
+            for e in named.get((kind(s), game_of(s), tail(resume)), []):
+                if e is not s:  # a run folder copied over its first segment's names its own checkpoint
+                    earlier[id(s)] = e
+                    superseded.add(id(e))
+    out = []
+    for s in runs:
+        if id(s) not in superseded:
+            first, seen = s, {id(s)}
+            while id(first) in earlier and id(earlier[id(first)]) not in seen:
+                first = earlier[id(first)]
+                seen.add(id(first))
+            s["_first_exp"] = first["args"].get("exp_name", "")
+            out.append(s)
+    return out
+
+
+def counted(rs) -> tuple[list, str]:
+    """The summaries a row counts and its 'complete' cell. As in the Soft MoE tables: where some summaries of a row are
+    complete, its incomplete ones (in progress or stopped) are left out and the cell says how many; where none is,
+    all count and the cell says no."""
+    done = [r for r in rs if r.get("complete")]
+    if not done:
+        return rs, "no"
+    return done, "yes" if len(done) == len(rs) else f"yes ({len(rs) - len(done)} incomplete summary.json left out)"
+
+
+ROW_RULE = (
+    "A row is one experiment at one budget (episodes asked). Of a resumed run only its last segment counts (named "
+    "beside the first where the resume ran under another name). Where some of a row's summary.json are complete, its "
+    "incomplete ones are left out; a row of incomplete runs only says no under complete."
+)
+
+
+def run_label(exp, rs) -> str:
+    """The row's experiment, and the name of its last segment where a resume ran under another name."""
+    later = sorted({r["args"].get("exp_name", "") for r in rs} - {exp})
+    return exp + (f" (resumed as {', '.join(later)})" if later else "")
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Elfwing et al. 2018
 def tetris_rows(s):
@@ -254,18 +336,21 @@ def elfwing_table1(runs, settled=()) -> str:
     """Table 1: the full-budget result of each table1.json first; the summary.json runs of Table 1's rows after it
     (or alone, as Table 1, where no table1.json was found)."""
     paper = PAPER["elfwing_table1"]
-    groups = {}
-    for s in runs:
+    groups = {}  # (network, activation) -> (experiment, episodes asked) -> summaries: a row per budget
+    for s in last_segments(runs):
         if kind(s) == "tetris":
-            for exp, net, act, r in tetris_rows(s):
-                groups.setdefault((net, act), {}).setdefault(exp, []).append(r)
+            for _, net, act, r in tetris_rows(s):
+                key = (r["_first_exp"], r["args"].get("total_episodes"))
+                groups.setdefault((net, act), {}).setdefault(key, []).append(r)
     sections = [settled_table1(t) for t in settled]
     if not groups:
         return "\n\n".join(sections)
     rows = []
     order = ["dsilu", "sigmoid", "silu", "relu", "silu-dsilu", "silu-silu", "relu-relu"]  # Table 1's order
     for p in sorted(paper["rows"], key=lambda p: order.index(p["activation"]) if p["activation"] in order else 9):
-        for exp, rs in sorted(groups.get((p["network"], p["activation"]), {}).items()):
+        row_groups = groups.get((p["network"], p["activation"]), {})
+        for (exp, asked), all_rs in sorted(row_groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+            rs, complete = counted(all_rs)
             finals = np.concatenate([r["final_score_per_run"] for r in rs])
             sds = [r.get("final_score_sd_episodes") for r in rs]
             sd = sds[0] if len(rs) == 1 else None  # sd of the pooled final-window episodes: one command's own number
@@ -279,12 +364,11 @@ def elfwing_table1(runs, settled=()) -> str:
             best_sd = best.get("final_score_best_run_sd_episodes")
             folder = sorted({rel(experiment_dir(r)) for r in rs})
             rows.append([
-                f"{p['network']} {p['activation']}", exp, ", ".join(folder), ours,
+                f"{p['network']} {p['activation']}", run_label(exp, rs), ", ".join(folder), ours,
                 f"{p['final_mean']} ± {p['final_sd']}",
                 f"{fmt(best.get('final_score_best_run'))} ± {fmt(best_sd)}", f"{p['best_mean']} ± {p['best_sd']}",
-                f"{fmt(float(episodes.mean()), 0)} / {paper['budget_episodes']:,}",
-                f"{len(finals)} / {paper['runs'][p['network']]}",
-                "yes" if all(r.get("complete") for r in rs) else "no",
+                f"{fmt(float(episodes.mean()), 0)} / {fmt(asked, 0)} / {paper['budget_episodes']:,}",
+                f"{len(finals)} / {paper['runs'][p['network']]}", complete,
             ])  # fmt: skip
     head = (
         "### Other runs of Table 1's rows (not the result above: reduced budgets, checks, runs in progress)"
@@ -293,7 +377,7 @@ def elfwing_table1(runs, settled=()) -> str:
     )
     sections.append(
         f"{head}\n\nOurs: mean over runs of the final-window (1,000 episodes) score; ± is the sd of the final-window "
-        "episode scores of all runs, as the paper defines it.\n\n"
+        f"episode scores of all runs, as the paper defines it. {ROW_RULE}\n\n"
         + table(
             [
                 "network",
@@ -303,7 +387,7 @@ def elfwing_table1(runs, settled=()) -> str:
                 "paper",
                 "best run (ours)",
                 "paper",
-                "episodes/run (ours / paper)",
+                "episodes/run (ours / asked / paper)",
                 "runs (ours / paper)",
                 "complete",
             ],
@@ -320,34 +404,40 @@ def dqn_normalized(score, s):
 
 def elfwing_table2(runs) -> str:
     paper = PAPER["elfwing_table2"]
-    groups = {}
-    for s in runs:
+    groups = {}  # (experiment, game, episodes asked) -> summaries: a row per budget
+    for s in last_segments(runs):
         if kind(s) == "sarsa" and s.get("final_mean_score") is not None:
-            groups.setdefault((s["args"]["exp_name"], game_of(s)), []).append(s)
+            groups.setdefault((s["_first_exp"], game_of(s), s["args"].get("total_episodes")), []).append(s)
     if not groups:
         return ""
     rows, per_config = [], {}
-    for (exp, game), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (exp, game, asked), all_rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2] or 0)):
+        rs, complete = counted(all_rs)
         final = float(np.mean([r["final_mean_score"] for r in rs]))
         best = float(np.mean([r["best_mean_score"] for r in rs]))
         p = paper["games"].get(game, {})
         nf, nb = dqn_normalized(final, rs[0]), dqn_normalized(best, rs[0])
-        per_config.setdefault(exp, []).append((nf, nb))
+        per_config.setdefault((exp, asked), []).append((nf, nb, complete != "no"))
         episodes = np.mean([r.get("episodes", 0) for r in rs])
-        rows.append([game, exp, fmt(final), p.get("final", "–"), fmt(best), p.get("best", "–"),
+        rows.append([game, run_label(exp, rs), fmt(final), p.get("final", "–"), fmt(best), p.get("best", "–"),
                      fmt(None if nf is None else 100 * nf, 0) + "%", fmt(None if nb is None else 100 * nb, 0) + "%",
-                     f"{episodes:,.0f} / {paper['budget_episodes']:,}", f"{len(rs)} / {paper['runs']}"])  # fmt: skip
+                     f"{episodes:,.0f} / {fmt(asked, 0)} / {paper['budget_episodes']:,}",
+                     f"{len(rs)} / {paper['runs']}", complete])  # fmt: skip
     summary = []
-    for exp, vals in per_config.items():
+    for (exp, asked), vals in per_config.items():
         nf = [v[0] for v in vals if v[0] is not None]
         nb = [v[1] for v in vals if v[1] is not None]
+        incomplete = sum(not v[2] for v in vals if v[0] is not None)
         if nf:
-            summary.append([exp, len(nf), f"{100 * np.mean(nf):.0f}% / {100 * np.median(nf):.0f}%",
+            summary.append([f"{exp}, {fmt(asked, 0)} episodes asked", len(nf),
+                            "yes" if not incomplete else f"no ({incomplete} of {len(nf)} games incomplete)",
+                            f"{100 * np.mean(nf):.0f}% / {100 * np.median(nf):.0f}%",
                             f"{100 * np.mean(nb):.0f}% / {100 * np.median(nb):.0f}%"])  # fmt: skip
     m, md = paper["mean_dqn_normalized_percent"], paper["median_dqn_normalized_percent"]
-    summary.append(["paper (12 games)", 12, f"{m['final']}% / {md['final']}%", f"{m['best']}% / {md['best']}%"])
+    summary.append([f"paper, {paper['budget_episodes']:,} episodes", 12, "yes", f"{m['final']}% / {md['final']}%",
+                    f"{m['best']}% / {md['best']}%"])  # fmt: skip
     return (
-        f"### Elfwing et al. Table 2: Sarsa(λ) SiLU-dSiLU on Atari\n\nSource: {paper['source']}.\n\n"
+        f"### Elfwing et al. Table 2: Sarsa(λ) SiLU-dSiLU on Atari\n\nSource: {paper['source']}.\n\n{ROW_RULE}\n\n"
         + table(
             [
                 "game",
@@ -358,13 +448,16 @@ def elfwing_table2(runs) -> str:
                 "paper",
                 "final DQN-norm.",
                 "best DQN-norm.",
-                "episodes (ours / paper)",
+                "episodes (ours / asked / paper)",
                 "runs (ours / paper)",
+                "complete",
             ],
             rows,
         )  # fmt: skip
-        + "\n\nMean / median DQN-normalised over the games each configuration covers:\n\n"
-        + table(["configuration", "games", "final (mean / median)", "best (mean / median)"], summary)
+        + "\n\nMean / median DQN-normalised over the games each configuration (an experiment at one budget) covers. "
+        "A game whose runs are all incomplete (stopped before the episodes asked) is included: 'complete' says no "
+        "and counts those games.\n\n"
+        + table(["configuration", "games", "complete", "final (mean / median)", "best (mean / median)"], summary)
     )
 
 
@@ -401,7 +494,7 @@ AGENTS = {"drq-eps": "DrQ(ε)", "der": "DER", "full-rainbow": "Rainbow"}
 BOOKKEEPING = {"exp_name", "seed", "device", "torch_deterministic", "cuda_graph", "track", "wandb_project_name",
                "wandb_entity", "capture_video", "save_model", "checkpoint_replay", "resume", "write_every_minutes",
                "log_every_seconds", "snapshot_every", "analysis_every", "ntk_memory_mb", "save_replay",
-               "save_replay_rows", "dataset_dir", "checkpoints", "env_id", "load_model"}  # fmt: skip
+               "save_replay_rows", "dataset_dir", "env_id", "load_model"}  # fmt: skip
 
 
 def agent_of(s) -> str:
@@ -490,10 +583,11 @@ def paper_budget(ref) -> tuple[int, str]:
 
 
 def dedupe(rs):
-    """A resumed run leaves one directory per segment: keep the furthest of each (experiment, game, seed, variant)."""
+    """A resumed run leaves one directory per segment: last_segments() drops those a --resume links; of the rest keep
+    the furthest of each (experiment, game, seed, configuration), so two configurations under one name stay apart."""
     last = {}
     for r in rs:
-        key = (r["args"].get("exp_name"), game_of(r), r["args"].get("seed"), variant_of(r))
+        key = (r["args"].get("exp_name"), game_of(r), r["args"].get("seed"), signature(r))
         if key not in last or budget_reached(r) > budget_reached(last[key]):
             last[key] = r
     return list(last.values())
@@ -503,7 +597,7 @@ def comparisons(runs) -> list[dict]:
     """The MoE runs grouped into comparisons: the same suite (or experiment folder), agent, protocol, asked budget,
     encoder and games. Each: its key fields, variants {name: [summary]}, and a title."""
     groups = {}
-    for s in runs:
+    for s in last_segments(runs):
         if kind(s) in ("dqn", "rainbow", "cql"):
             origin = suite_of(s) or rel(experiment_dir(s))
             key = (origin, agent_of(s), protocol_of(s), budget_asked(s), s["args"].get("encoder", ""))
@@ -917,21 +1011,37 @@ def episode_curve(s):
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Suites: which tasks finished, failed or are missing
+def run_budget(s) -> int:
+    """The budget a training run asked: episodes (Tetris, Sarsa), else agent or gradient steps."""
+    return s["args"].get("total_episodes") if kind(s) in ("tetris", "sarsa") else budget_asked(s)[0]
+
+
+def task_budget(t) -> int:
+    """The budget of a task of runs/suites/<suite>.json, from the command line it records: --total-episodes (Tetris,
+    Sarsa), else the steps suites.py costs it at (with the scripts' and presets' defaults)."""
+    if os.path.basename(t["argv"][1]) in ("td_lambda_tetris.py", "sarsa_lambda_silu_atari.py"):
+        return int(suites._value(t["argv"], "--total-episodes", "200000"))
+    fields = {f: t[f] for f in ("suite", "game", "variant", "seed", "argv", "log", "then", "seconds") if f in t}
+    return int(suites.task_cost(suites.Task(**fields)).amount)
+
+
 def task_status(suite: str, runs) -> str:
     path = os.path.join(ROOT, "runs", "suites", f"{suite}.json")
     if not os.path.exists(path):
         return ""
     with open(path) as f:
         manifest = json.load(f)
-    found = {}
+    found = {}  # (experiment, game, seed, budget asked) -> the newest training summary
     for s in runs:
+        if kind(s) not in TRAINING:  # an evaluation (sarsa_analysis.py, tetris_eval.py) names the run it evaluated
+            continue
         a = s["args"]
-        key = (a.get("exp_name"), game_of(s), a.get("seed"))
+        key = (a.get("exp_name"), game_of(s), a.get("seed"), run_budget(s))
         if key not in found or os.path.getmtime(s["_path"]) > os.path.getmtime(found[key]["_path"]):
             found[key] = s
     rows, counts = [], {}
     for t in manifest["tasks"]:
-        s = found.get((t["exp_name"], t["game"], t["seed"]))
+        s = found.get((t["exp_name"], t["game"], t["seed"], task_budget(t)))
         log = os.path.join(ROOT, t["log"])
         if s is not None:
             state = "complete" if s.get("complete") else "incomplete"
@@ -959,6 +1069,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--include-superseded", action="store_true", help="keep the runs of folders marked superseded")
     args = p.parse_args(argv)
+    if args.reps < 1:
+        raise SystemExit(f"error: --reps must be at least 1, got {args.reps}")
     os.chdir(ROOT)
     dirs, wanted = [], []
     for t in args.targets or ["runs", "results"]:
@@ -970,16 +1082,17 @@ def main(argv=None) -> int:
             raise SystemExit(f"error: '{t}' is neither a suite ({', '.join(suites.SUITES)}) nor a directory")
     if wanted and not dirs:
         dirs = ["runs"]
-    runs = find_summaries(dirs)
-    settled = [] if wanted else find_table1(dirs)
+    unreadable = []
+    runs = find_summaries(dirs, unreadable)
+    settled = [] if wanted else find_table1(dirs, unreadable)
     if wanted:
         runs = [s for s in runs if s["args"].get("exp_name", "").partition(".")[0] in wanted]
     status = [x for x in (task_status(s, runs) for s in wanted) if x]
     if not runs and not status and not settled:
         where = ", ".join(dirs) if dirs else "runs"
-        raise SystemExit(
-            f"error: nothing to report: no summary.json in {where}" + (f" for {', '.join(wanted)}" if wanted else "")
-        )
+        of = f" for {', '.join(wanted)}" if wanted else ""
+        why = f"; {len(unreadable)} unreadable, e.g. {unreadable[0].split(': ', 1)[1]}" if unreadable else ""
+        raise SystemExit(f"error: nothing to report: no summary.json in {where}{of}{why}")
     left_out = {}  # folder -> (its "Superseded by" line, runs)
     if not args.include_superseded:
         for s in runs:
@@ -995,6 +1108,8 @@ def main(argv=None) -> int:
             "(`--include-superseded` reports them):\n\n"
             + "\n".join(f"- {d} ({n} summaries): {unlink(line)}" for d, (line, n) in sorted(left_out.items()))
         )
+    if unreadable:
+        sections.append("### Left out: unreadable\n\n" + "\n".join(f"- {line}" for line in unreadable))
     text = (f"# Report: {len(runs)} runs" + (f" and {len(settled)} settled Table 1" if settled else "")
             + f" from {', '.join(dirs)}\n\n" + "\n\n".join(sections) + "\n")  # fmt: skip
     os.makedirs(args.out, exist_ok=True)

@@ -78,7 +78,7 @@ def test_elfwing_tables_put_the_paper_beside_ours(tmp_path):
     write_run(root, "boxing1", sarsa)
     write_run(root, "boxing2", sarsa | {"args": sarsa["args"] | {"seed": 2}, "final_mean_score": 30.0})
     tetris = {"args": {"exp_name": "t1", "seed": 1, "env_id": "envs/SZTetris-v0", "network": "shallow",
-                       "activation": ["dsilu"], "holes_scale": 33.0},
+                       "activation": ["dsilu"], "holes_scale": 33.0, "total_episodes": 1000},
               "final_score_per_run": [200.0, 220.0], "final_score_sd_episodes": 70.0, "final_score_best_run": 220.0,
               "final_score_best_run_sd_episodes": 60.0, "episodes_per_run": [1000, 1000], "complete": True}  # fmt: skip
     write_run(root, "tetris", tetris)
@@ -90,7 +90,7 @@ def test_elfwing_tables_put_the_paper_beside_ours(tmp_path):
     assert "218% / 78%" in t2
     t1 = report.elfwing_table1(runs)
     row = next(line for line in t1.splitlines() if line.startswith("| shallow dsilu"))
-    assert "210.0 ± 70.0" in row and "263 ± 80" in row and "220.0 ± 60.0" in row and "1,000 / 200,000" in row
+    assert "210.0 ± 70.0" in row and "263 ± 80" in row and "220.0 ± 60.0" in row and "1,000 / 1,000 / 200,000" in row
 
 
 def table1_json(runs):
@@ -230,7 +230,10 @@ def test_paper_numbers_have_sources():
 
 def test_suite_status_lists_finished_failed_and_missing(moe_runs, tmp_path, monkeypatch):
     monkeypatch.setattr(report, "ROOT", str(tmp_path))
-    tasks = suites.expand("moe-fig7-cnn", "smoke", seeds=[1], games=["Pong", "Qbert"])
+    # the fixture's runs ask 1,000 agent steps: the tasks too (the last --total-timesteps counts)
+    tasks = suites.expand(
+        "moe-fig7-cnn", "smoke", seeds=[1], games=["Pong", "Qbert"], extra=["--total-timesteps", "1000"]
+    )
     os.makedirs(tmp_path / "runs" / "suites")
     with open(tmp_path / "runs" / "suites" / "moe-fig7-cnn.json", "w") as f:
         json.dump({"budget": "smoke", "how": "test", "tasks": [vars(t) | {"exp_name": t.exp_name} for t in tasks]}, f)
@@ -249,6 +252,8 @@ def test_suite_status_lists_finished_failed_and_missing(moe_runs, tmp_path, monk
     [
         (["no-such-suite"], "neither a suite"),
         (["EMPTY"], "nothing to report"),
+        (["EMPTY", "--reps", "0"], "--reps must be at least 1, got 0"),
+        (["EMPTY", "--reps", "-5"], "--reps must be at least 1, got -5"),
     ],
 )
 def test_report_bad_input(argv, message, tmp_path):
@@ -362,3 +367,133 @@ def test_one_name_two_configurations_are_two_variants(tmp_path):
         "Soft MoE, 8 experts (replay_ratio=0.25)",
         "Soft MoE, 8 experts (replay_ratio=1.0)",
     ]
+
+
+def tetris_summary(exp, finals, episodes, total, complete, seed=1, checkpoint=None, resume=None):
+    """A td_lambda_tetris.py summary of shallow dSiLU runs."""
+    args = {"exp_name": exp, "seed": seed, "env_id": "envs/SZTetris-v0", "network": "shallow",
+            "activation": ["dsilu"], "holes_scale": 33.0, "total_episodes": total, "resume": resume}  # fmt: skip
+    s = {"args": args, "final_score_per_run": finals, "final_score_sd_episodes": 50.0, "complete": complete,
+         "final_score_best_run": max(finals), "episodes_per_run": [episodes] * len(finals)}  # fmt: skip
+    return s | ({"checkpoint": checkpoint} if checkpoint else {})
+
+
+def test_table1_counts_a_resumed_run_once_and_gives_each_budget_its_row(tmp_path):
+    """A resume writes a new run folder: only its last segment counts. An incomplete run beside a complete one of the
+    same row is left out and said so; a run of another budget is another row."""
+    root = str(tmp_path / "runs")
+    first = "runs/SZTetris-v0__t1__shallow-dsilu__1__100/td_lambda_tetris.pt"
+    write_run(root, "seg1", tetris_summary("t1", [100.0, 120.0], 1000, 2000, False, checkpoint=first))
+    second = "runs/SZTetris-v0__t1__shallow-dsilu__1__200/td_lambda_tetris.pt"
+    write_run(root, "seg2", tetris_summary("t1", [200.0, 220.0], 2000, 2000, True, checkpoint=second, resume=first))
+    write_run(root, "stopped", tetris_summary("t1", [50.0, 60.0], 700, 2000, False, seed=2))
+    write_run(root, "short", tetris_summary("t1", [80.0, 90.0], 500, 500, True))
+    t1 = report.elfwing_table1(report.find_summaries([root]))
+    rows = [line for line in t1.splitlines() if line.startswith("| shallow dsilu | t1 |")]
+    assert len(rows) == 2
+    assert "| 85.0 ± 50.0 |" in rows[0] and "| 500 / 500 / 200,000 | 2 / 10 | yes |" in rows[0]
+    assert "| 210.0 ± 50.0 |" in rows[1] and "| 2,000 / 2,000 / 200,000 | 2 / 10 |" in rows[1]
+    assert rows[1].endswith("| yes (1 incomplete summary.json left out) |")
+
+
+def test_table2_counts_a_resumed_run_once_splits_budgets_and_says_what_is_incomplete(tmp_path):
+    """A segment resumed under another name counts once, under its first name; an evaluation of a checkpoint
+    (sarsa_analysis.py) supersedes nothing; the mean / median line says how many of its games are incomplete."""
+    root = str(tmp_path / "runs")
+    args = {"exp_name": "a", "seed": 1, "env_id": "ALE/Boxing-v5", "tau_k": 0.0005, "activations": "silu-dsilu",
+            "total_episodes": 200_000}  # fmt: skip
+    sarsa = {"args": args, "game": "Boxing", "episodes": 500, "final_mean_score": 10.0, "best_mean_score": 12.0,
+             "random_score": 0.0, "dqn_score": 100.0, "complete": False}  # fmt: skip
+    first = "runs/Boxing__a__silu-dsilu__1__100/sarsa_lambda_silu_atari.pt"
+    write_run(root, "seg1", sarsa | {"checkpoint": first})
+    second = "runs/Boxing__a_seg2__silu-dsilu__1__200/sarsa_lambda_silu_atari.pt"
+    seg2 = sarsa | {"args": args | {"exp_name": "a_seg2", "resume": "/elsewhere/" + first}, "episodes": 900,
+                    "final_mean_score": 20.0, "checkpoint": second}  # fmt: skip
+    write_run(root, "seg2", seg2)
+    evaluation = sarsa | {"args": args | {"resume": second}, "eval": {"softmax": {"mean_score": 5.0}}}
+    write_run(root, "eval", evaluation)
+    write_run(root, "short", sarsa | {"args": args | {"total_episodes": 2000}, "episodes": 2000,
+                                      "final_mean_score": 30.0, "complete": True})  # fmt: skip
+    t2 = report.elfwing_table2(report.find_summaries([root]))
+    rows = [line for line in t2.splitlines() if line.startswith("| Boxing |")]
+    assert len(rows) == 2
+    assert rows[0].startswith("| Boxing | a | 30.0 |") and rows[0].endswith("| 2,000 / 2,000 / 200,000 | 1 / 2 | yes |")
+    assert rows[1].startswith("| Boxing | a (resumed as a_seg2) | 20.0 |")
+    assert rows[1].endswith("| 900 / 200,000 / 200,000 | 1 / 2 | no |")
+    assert "| a, 200,000 episodes asked | 1 | no (1 of 1 games incomplete) | 20% / 20% |" in t2
+    assert "| a, 2,000 episodes asked | 1 | yes | 30% / 30% |" in t2
+
+
+def test_two_configurations_under_one_name_and_seed_stay_apart_and_a_resume_counts_once(tmp_path):
+    """Runs of one experiment name and seed that differ in the learning rate are two variants, not one run's
+    segments; a segment that another run resumed (under another name) is not scored beside it."""
+    root = str(tmp_path / "runs")
+    for seed in (1, 2):
+        for lr in (1e-3, 1e-4):
+            s = dqn_summary("x", "Pong", seed, lr)
+            write_run(root, f"s{seed}_{lr}", s | {"args": s["args"] | {"learning_rate": lr}})
+    first = "runs/Pong__x__softmoe-nature__3__100/dqn_softmoe.pt"
+    s = dqn_summary("x", "Pong", 3, 0.5)
+    write_run(root, "seg1", s | {"args": s["args"] | {"learning_rate": 1e-3}, "checkpoint": first, "complete": False,
+                                 "global_step": 500})  # fmt: skip
+    args = s["args"] | {"learning_rate": 1e-3, "exp_name": "x_resumed", "resume": "/elsewhere/" + first}
+    write_run(root, "seg2", s | {"args": args, "human_normalized_score": 0.7})
+    (c,) = report.comparisons(report.find_summaries([root]))
+    variants = {name: sorted(report.score_of(r, "training")[0] for r in rs) for name, rs in c["variants"].items()}
+    assert variants == {
+        "Soft MoE, 8 experts (learning_rate=0.0001)": [1e-4, 1e-4],
+        "Soft MoE, 8 experts (learning_rate=0.001)": [1e-3, 1e-3, 0.7],
+    }
+
+
+def cql_summary(seed, checkpoints, score):
+    args = {"exp_name": "cql", "seed": seed, "env_id": "ALE/Breakout-v5", "dataset_dir": "data", "agent": "cql",
+            "moe": "none", "encoder": "nature", "num_iterations": 5, "steps_per_iteration": 1000, "data_percent": 100,
+            "checkpoints": checkpoints}  # fmt: skip
+    return {"args": args, "game": "Breakout", "complete": True, "updates": 5000, "eval_human_normalized_score": score}
+
+
+def test_cql_runs_on_other_dataset_files_are_other_variants(tmp_path):
+    root = str(tmp_path / "runs")
+    for seed in (1, 2):
+        write_run(root, f"a{seed}", cql_summary(seed, "0,1", 0.1))
+        write_run(root, f"b{seed}", cql_summary(seed, "40-49", 0.2))
+    (c,) = report.comparisons(report.find_summaries([root]))
+    assert sorted(c["variants"]) == ['baseline (checkpoints="0,1")', 'baseline (checkpoints="40-49")']
+
+
+def test_unreadable_files_are_named_in_the_report(tmp_path):
+    root = tmp_path / "results"
+    write_run(str(root), "good", dqn_summary("x", "Pong", 1, 0.1))
+    write_run(str(root), "cut", {})
+    (root / "cut" / "summary.json").write_text('{"args": {"exp_name": "x", ')
+    (root / "paper").mkdir()
+    (root / "paper" / "table1.json").write_text('{"activations": ')
+    out = str(tmp_path / "out")
+    assert report.main([str(root), "--out", out, "--no-plots"]) == 0
+    md = open(os.path.join(out, "report.md")).read()
+    for path in (root / "cut" / "summary.json", root / "paper" / "table1.json"):
+        assert f"skipped (unreadable): {path} (" in md
+    with pytest.raises(SystemExit, match="nothing to report: .* 1 unreadable, e.g. .*cut/summary.json"):
+        report.main([str(root / "cut"), "--out", out])
+
+
+def test_suite_status_takes_neither_an_evaluation_nor_a_run_of_another_budget_for_a_task(tmp_path, monkeypatch):
+    """sarsa_analysis.py's summary carries the training's experiment name and its own --seed; a run of the reduced
+    budget is not the smoke task's run, however new."""
+    monkeypatch.setattr(report, "ROOT", str(tmp_path))
+    (task,) = suites.expand("atari-table3", "smoke", seeds=[1])
+    os.makedirs(tmp_path / "runs" / "suites")
+    with open(tmp_path / "runs" / "suites" / "atari-table3.json", "w") as f:
+        json.dump({"budget": "smoke", "how": "test", "tasks": [vars(task) | {"exp_name": task.exp_name}]}, f)
+    args = {"exp_name": task.exp_name, "seed": 1, "env_id": "ALE/Breakout-v5", "tau_k": 0.0005,
+            "activations": "silu-dsilu", "total_episodes": 2}  # fmt: skip
+    root = str(tmp_path / "runs")
+    write_run(root, "eval", {"args": args, "game": "Breakout", "complete": True, "eval": {}, "final_mean_score": 1.0})
+    reduced = {"args": args | {"total_episodes": 20_000}, "game": "Breakout", "complete": True}
+    write_run(root, "reduced", reduced)
+    text = report.task_status("atari-table3", report.find_summaries([root]))
+    assert "| Breakout | silu-dsilu | 1 | missing |" in text
+    write_run(root, "smoke", {"args": args, "game": "Breakout", "complete": True})
+    text = report.task_status("atari-table3", report.find_summaries([root]))
+    assert "| Breakout | silu-dsilu | 1 | complete | runs/smoke |" in text
