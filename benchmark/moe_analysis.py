@@ -22,6 +22,7 @@ import glob
 import importlib
 import math
 import os
+import re
 import sys
 
 import torch
@@ -183,22 +184,49 @@ def analyse_snapshot(path: str, ntk_memory_mb: int = 512, device: str = "cpu") -
     return {"global_step": snap["global_step"]} | out
 
 
+def check_snapshot(path: str):
+    """One line for a file that is not a readable snapshot of the training scripts (before any long work)."""
+    try:
+        snap = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001  (missing, truncated, or any unpickling failure)
+        raise SystemExit(f"error: {path!r} is not a readable snapshot ({type(err).__name__})") from None
+    if not isinstance(snap, dict) or not {"script", "args", "probe", "q_net", "global_step"} <= set(snap):
+        raise SystemExit(f"error: {path!r} is not a snapshot (a checkpoint? snapshots are runs/<run>/snapshots/*.pt)")
+
+
+def write_csv(path: str, rows: list[dict]):
+    names = sorted({k for row in rows for k in row} - {"global_step"})
+    with open(f"{path}.tmp", "w", newline="") as f:
+        out = csv.DictWriter(f, ["global_step", *names])
+        out.writeheader()
+        out.writerows(rows)
+    os.replace(f"{path}.tmp", path)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("path", help="a run directory (all its snapshots/*.pt) or one snapshot file")
     parser.add_argument("--ntk-memory-mb", type=int, default=512, help="memory for the NTK's per-sample gradients")
     parser.add_argument("--device", default="cpu")
     cli = parser.parse_args()
+    if cli.ntk_memory_mb < 1:
+        raise SystemExit(f"error: --ntk-memory-mb must be at least 1, got {cli.ntk_memory_mb}")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     is_run = os.path.isdir(cli.path)
     paths = glob.glob(os.path.join(cli.path, "snapshots", "*.pt")) if is_run else [cli.path]
-    paths = sorted(paths, key=lambda p: int(p.rsplit("_", 1)[-1].removesuffix(".pt")))
+    if odd := [p for p in paths if is_run and not re.fullmatch(r".+_\d+\.pt", os.path.basename(p))]:
+        raise SystemExit(f"error: {odd[0]!r} is not named <script>_<step>.pt as the scripts name snapshots")
+    paths = sorted(paths, key=lambda p: int(p.rsplit("_", 1)[-1].removesuffix(".pt"))) if is_run else paths
     if not paths:
         raise SystemExit(f"error: no snapshots in {cli.path!r} (train with --snapshot-every N)")
-    rows = []
+    for path in paths:  # every file checked before the first (long) analysis
+        check_snapshot(path)
+    rows, table = [], os.path.join(cli.path, "analysis.csv")
     for path in paths:
         rows.append(analyse_snapshot(path, cli.ntk_memory_mb, cli.device))
         print(os.path.basename(path), " ".join(f"{k}={v:.4g}" for k, v in rows[-1].items() if k != "global_step"))
+        if is_run:  # rewritten after every snapshot: a stop keeps what is done
+            write_csv(table, rows)
     if is_run:
         from torch.utils.tensorboard import SummaryWriter
 
@@ -208,12 +236,7 @@ def main():
                 if k != "global_step":
                     writer.add_scalar(f"analysis/{k}", v, row["global_step"])
         writer.close()
-        names = sorted({k for row in rows for k in row} - {"global_step"})
-        with open(os.path.join(cli.path, "analysis.csv"), "w", newline="") as f:
-            out = csv.DictWriter(f, ["global_step", *names])
-            out.writeheader()
-            out.writerows(rows)
-        print(f"wrote {os.path.join(cli.path, 'analysis.csv')} and the tensorboard scalars analysis/*")
+        print(f"wrote {table} and the tensorboard scalars analysis/*")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ unchanged)."""
 import glob
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -184,3 +185,24 @@ def test_snapshots_leave_the_training_run_unchanged(tmp_path, monkeypatch):
     assert plain["updates"] == snapped["updates"] > 0 and plain_ckpt["episodes"] == snapped_ckpt["episodes"]
     assert all(torch.equal(plain_ckpt["q_net"][k], snapped_ckpt["q_net"][k]) for k in plain_ckpt["q_net"])
     assert torch.equal(plain_ckpt["torch_rng"], snapped_ckpt["torch_rng"])
+
+
+def test_bad_input_is_one_line_before_any_analysis(tmp_path, monkeypatch):
+    snapshots = tmp_path / "run" / "snapshots"
+    snapshots.mkdir(parents=True)
+    torch.save({"format": "dqn_softmoe/2", "q_net": {}}, tmp_path / "dqn_softmoe.pt")
+    (snapshots / "dqn_softmoe_100.pt").write_bytes(b"a snapshot cut short")
+    cases = [
+        ([str(tmp_path / "dqn_softmoe.pt")], "is not a snapshot (a checkpoint?"),
+        ([str(tmp_path / "run")], "dqn_softmoe_100.pt' is not a readable snapshot"),
+        ([str(tmp_path / "run"), "--ntk-memory-mb", "0"], "--ntk-memory-mb must be at least 1"),
+    ]
+    for argv, message in cases:
+        monkeypatch.setattr("sys.argv", ["moe_analysis.py", *argv])
+        with pytest.raises(SystemExit, match=re.escape(message)):
+            analysis.main()
+    (snapshots / "copy of it.pt").write_bytes(b"")
+    monkeypatch.setattr("sys.argv", ["moe_analysis.py", str(tmp_path / "run")])
+    with pytest.raises(SystemExit, match="is not named <script>_<step>.pt"):
+        analysis.main()
+    assert not (tmp_path / "run" / "analysis.csv").exists()
