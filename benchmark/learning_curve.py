@@ -44,9 +44,15 @@ def write_learning_curve(path: str, episodes: list[tuple], title: str, scores=No
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="run directories holding episodes.csv and summary.json")
-    for run_dir in parser.parse_args().runs:
+    runs = parser.parse_args().runs
+    if missing := [d for d in runs if not os.path.isfile(os.path.join(d, "episodes.csv"))]:  # before any plot
+        raise SystemExit(f"error: {missing[0]!r} holds no episodes.csv (a dqn_softmoe.py or rainbow_softmoe.py run?)")
+    for run_dir in runs:
         with open(os.path.join(run_dir, "episodes.csv")) as f:
-            episodes = [(int(r["global_step"]), float(r["return"]), int(r["length"])) for r in csv.DictReader(f)]
+            rows = csv.DictReader(f)
+            if not {"global_step", "return", "length"} <= set(rows.fieldnames or ()):
+                raise SystemExit(f"error: {run_dir!r}: its episodes.csv lacks global_step, return or length")
+            episodes = [(int(r["global_step"]), float(r["return"]), int(r["length"])) for r in rows]
         if not episodes:
             print(f"{run_dir}: no finished episode yet")
             continue

@@ -216,7 +216,11 @@ def main(args: Args) -> dict:
     base = net.to("meta")  # structure only; functional_call supplies theta's views
     game, final_tau = sarsa.atari.camel_name(arch["game"]), sarsa.temperature(ckpt["episodes"], train.tau0, train.tau_k)
 
-    run_name = f"{game}__{args.exp_name}__{arch['activations']}__{args.seed}__{int(time.time())}"
+    run_name = base_name = f"{game}__{args.exp_name}__{arch['activations']}__{args.seed}__{int(time.time())}"
+    for attempt in range(2, 10**6):  # an analysis started in the same second gets its own directory
+        if not os.path.exists(os.path.join("runs", run_name)):
+            break
+        run_name = f"{base_name}-{attempt}"
     run_dir = os.path.join("runs", run_name)
     os.makedirs(os.path.join(run_dir, "videos") if args.capture_video else run_dir)
     print(f"{run_name}: {args.checkpoint} at episode {ckpt['episodes']:,}, tau {final_tau:.4g}, {args.num_envs} env(s)")

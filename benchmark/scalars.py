@@ -42,6 +42,10 @@ def main():
     parser.add_argument("--base", help="CSV of earlier segments, overridden where the event files have a value")
     parser.add_argument("--upto", type=int, help="keep the values of steps <= UPTO only")
     cli = parser.parse_args()
+    if missing := [d for d in cli.runs if not os.path.isdir(d)]:  # (a folder without event files is a segment that
+        raise SystemExit(f"error: {missing[0]!r}: no such run directory")  # logged nothing, e.g. an unpacked one)
+    if cli.base and not os.path.isfile(cli.base):
+        raise SystemExit(f"error: --base {cli.base!r}: no such file")
     values = (read_csv(cli.base) if cli.base else {}) | read_scalars(cli.runs)
     values = {key: v for key, v in values.items() if cli.upto is None or key[1] <= cli.upto}
     if not values:

@@ -29,3 +29,14 @@ def test_event_files_override_the_base_csv_later_segments_earlier_ones_and_upto_
     )
     rows = {(r["tag"], int(r["step"])): float(r["value"]) for r in csv.DictReader(open(out))}
     assert rows == {("charts/x", 1): 1.0, ("charts/x", 2): 20.0}  # what a run resumed at step 2 logs again is left out
+
+
+def test_a_mistyped_run_directory_or_base_is_one_line(tmp_path):
+    (tmp_path / "run").mkdir()
+    cases = [(["runs/typo"], "error: 'runs/typo': no such run directory"),
+             ([str(tmp_path / "run"), "--base", "gone.csv"], "error: --base 'gone.csv': no such file")]  # fmt: skip
+    for argv, message in cases:
+        out = subprocess.run([sys.executable, SCALARS, *argv, "--out", str(tmp_path / "out.csv")], capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 1 and out.stderr.strip() == message
+    assert not (tmp_path / "out.csv").exists()
