@@ -295,6 +295,13 @@ def elfwing_expand(suite, budget, seeds, games, python, extra):
             continue
         tetris = spec.game in ("SZTetris", "Tetris10x10")
         script = ["algos/td_lambda_tetris.py"] if tetris else ["algos/sarsa_lambda_silu_atari.py", "--env-id"]
+        if tetris and len(seeds) > 1:  # run i of --seed s starts from network s + i (td_lambda_tetris.py)
+            n, ordered = int(spec.flags[spec.flags.index("--num-runs") + 1]), sorted(seeds)
+            if min(b - a for a, b in zip(ordered, ordered[1:], strict=False)) < n:
+                raise SystemExit(
+                    f"error: {suite} trains {n} runs per seed, run i of seed s from network s + i: "
+                    f"seeds closer than {n} share networks; use seeds {n} apart, e.g. 1 {1 + n}"
+                )
         for seed in seeds:
             exp = f"{suite}.{spec.variant}"
             argv = [python, *script, *([] if tetris else [f"ALE/{spec.game}-v5"]), *spec.flags, "--seed", str(seed),

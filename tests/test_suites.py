@@ -171,3 +171,9 @@ def test_the_table3_evaluation_folder_names_its_budget():
     """A smoke run's evaluation must not land in (and be refused by, or replace) the reduced or paper one."""
     folders = {b: suites.expand("tetris-table3", b)[0].then.split("--out ")[1].split()[0] for b in suites.BUDGETS}
     assert folders == {b: f"runs/tetris-table3.dsilu.{b}.s1.eval" for b in suites.BUDGETS}
+
+
+def test_tetris_seeds_closer_than_the_runs_per_seed_are_refused_as_they_would_share_networks():
+    with pytest.raises(SystemExit, match="seeds closer than 10 share networks; use seeds 10 apart, e.g. 1 11"):
+        suites.expand("tetris-table1", "reduced", seeds=[1, 2])
+    assert len(suites.expand("tetris-table1", "reduced", seeds=[1, 11])) == 8  # 4 rows x 2 seeds
