@@ -361,8 +361,11 @@ def inspect_dataset(args: Args) -> list[CheckpointFile]:
     if not os.path.isdir(directory):
         raise DatasetError(f"--dataset-dir {args.dataset_dir!r}: no such directory")
     if os.path.isfile(meta := os.path.join(directory, "dataset.json")):  # replay_to_dataset.py records its game
-        with open(meta) as f:
-            env_id = json.load(f).get("env_id")
+        try:
+            with open(meta) as f:
+                env_id = json.load(f).get("env_id")
+        except (ValueError, AttributeError) as err:
+            raise DatasetError(f"{meta}: not the JSON object replay_to_dataset.py writes ({err}); remove it") from None
         if env_id and atari.game_from_env_id(env_id) != atari.game_from_env_id(args.env_id):
             raise DatasetError(f"--dataset-dir {args.dataset_dir!r} holds {env_id} data; pass --env-id {env_id}")
     pattern = r"\$store\$_observation_ckpt\.(\d+)\.gz"
@@ -1106,7 +1109,9 @@ def read_checkpoint(args: Args) -> dict:
     ckpt = load_checkpoint(args.resume, args)
     # the same data: the game is in the architecture; --dataset-dir may have moved, so only its selection is compared
     trained = {k: ckpt["args"].get(k, getattr(args, k)) for k in ("checkpoints", "data_percent", "n_step")}
-    if data := [f"--{k.replace('_', '-')} {v}" for k, v in trained.items() if v != getattr(args, k)]:
+    same = {"checkpoints": lambda a, b: parse_checkpoints(a) == parse_checkpoints(b)}  # "0-2" is "0,1,2"
+    if data := [f"--{k.replace('_', '-')} {v}" for k, v in trained.items()
+                if not same.get(k, lambda a, b: a == b)(v, getattr(args, k))]:  # fmt: skip
         raise ValueError(f"--resume {args.resume!r} was trained on another part of the data; pass " + " ".join(data))
     if ckpt["updates"] >= args.num_iterations * args.steps_per_iteration:
         raise ValueError(f"--resume {args.resume!r} has done all {ckpt['updates']:,} steps; raise --num-iterations")

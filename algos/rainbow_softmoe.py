@@ -1119,8 +1119,9 @@ def main(args: Args) -> dict:
             obs = tracker.agent_view(next_obs)
             run.log_step(global_step, step.finished, next_obs, epsilon, updates, metrics)
     envs.close()
-    if args.snapshot_every and period_crossed(last_sync, global_step, args.snapshot_every):  # the run's last multiple:
-        run.save_snapshot(global_step)  # the final network, as the checkpoint and the evaluation have it
+    last_multiple = args.snapshot_every and period_crossed(last_sync, global_step, args.snapshot_every)
+    if last_multiple and not stopped() and replay.can_sample(args.n_step):  # a finished run's final network, as the
+        run.save_snapshot(global_step)  # checkpoint and the evaluation have it
     return run.finish(global_step, updates, complete=not stopped())
 
 

@@ -225,8 +225,8 @@ def main():
     for path in paths:
         rows.append(analyse_snapshot(path, cli.ntk_memory_mb, cli.device))
         print(os.path.basename(path), " ".join(f"{k}={v:.4g}" for k, v in rows[-1].items() if k != "global_step"))
-        if is_run:  # rewritten after every snapshot: a stop keeps what is done
-            write_csv(table, rows)
+        if is_run:  # after every snapshot, so a stop keeps what is done; analysis.csv only once all are
+            write_csv(f"{table}.partial", rows)
     if is_run:
         from torch.utils.tensorboard import SummaryWriter
 
@@ -236,6 +236,7 @@ def main():
                 if k != "global_step":
                     writer.add_scalar(f"analysis/{k}", v, row["global_step"])
         writer.close()
+        os.replace(f"{table}.partial", table)  # complete: what queue.sh and the report take as up to date
         print(f"wrote {table} and the tensorboard scalars analysis/*")
 
 

@@ -52,7 +52,9 @@ def load(run_dir: str) -> tuple[dict, dict[str, list[tuple[int, float]]]]:
 def row(run_dir: str, earlier: bool, summary: dict, s: dict[str, list[tuple[int, float]]]) -> dict:
     args = summary["args"]
     evaluation = summary["evaluations"][-1]
-    entropy, diversity = s.get("analysis/routing_dispatch_entropy", []), s.get("analysis/token_diversity_out", [])
+    # snapshots up to 90k: the runs of the first seeds have none later (later code also snapshots the final network)
+    entropy, diversity = ([v for v in s.get(f"analysis/{k}", []) if v[0] <= 90_000]
+                          for k in ("routing_dispatch_entropy", "token_diversity_out"))  # fmt: skip
     grad = s.get("losses/phi_grad_rms", [])
     first, last = (lambda v: v[0][1] if v else None), (lambda v: v[-1][1] if v else None)
     end = args["total_timesteps"]
