@@ -509,7 +509,7 @@ def test_smoke_run_on_breakout(tmp_path, monkeypatch, preset, kw):
 
 def test_a_resumed_run_keeps_the_evaluations_of_the_segments_before_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    kw = dict(SMALL, learning_starts=200, eval_episodes=2, eval_every=240, max_episode_frames=400, save_model=True)
+    kw = dict(SMALL, learning_starts=200, eval_episodes=1, eval_every=240, max_episode_frames=200, save_model=True)
     first = run("drq-eps", total_timesteps=250, **kw)  # evaluations at 240 and after training, at 250
     resumed = run("drq-eps", total_timesteps=260, resume=first["checkpoint"], **kw)
     saved = json.loads((tmp_path / "runs" / resumed["run_name"] / "summary.json").read_text())
