@@ -926,3 +926,20 @@ def test_every_scalar_of_the_metrics_reaches_tensorboard_and_the_summary_with_th
     assert {"losses/td_loss", "losses/a_new_term"} <= set(events.Tags()["scalars"])
     assert "losses/per_sample_loss" not in events.Tags()["scalars"]
     assert re.fullmatch("[0-9a-f]{40}", saved["code"]["commit"]) and isinstance(saved["code"]["uncommitted"], list)
+
+
+def test_learning_curve_tool_plots_a_run_and_refuses_a_folder_without_its_episodes_in_one_line(tmp_path, monkeypatch):
+    from benchmark import learning_curve
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "episodes.csv").write_text("global_step,return,length\n100,1.0,50\n250,3.0,60\n")
+    (tmp_path / "sarsa").mkdir()
+    (tmp_path / "sarsa" / "episodes.csv").write_text("episode,score\n1,2\n")
+    cases = [(["nowhere"], "'nowhere' holds no episodes.csv"), ([str(tmp_path / "sarsa")], "lacks global_step")]
+    for argv, message in cases:
+        monkeypatch.setattr("sys.argv", ["learning_curve.py", *argv])
+        with pytest.raises(SystemExit, match=message):
+            learning_curve.main()
+    monkeypatch.setattr("sys.argv", ["learning_curve.py", str(tmp_path / "run")])
+    learning_curve.main()
+    assert (tmp_path / "run" / "learning_curve.png").stat().st_size > 0
