@@ -1109,9 +1109,9 @@ def read_checkpoint(args: Args) -> dict:
     ckpt = load_checkpoint(args.resume, args)
     # the same data: the game is in the architecture; --dataset-dir may have moved, so only its selection is compared
     trained = {k: ckpt["args"].get(k, getattr(args, k)) for k in ("checkpoints", "data_percent", "n_step")}
-    same = {"checkpoints": lambda a, b: parse_checkpoints(a) == parse_checkpoints(b)}  # "0-2" is "0,1,2"
+    selection = lambda k, v: parse_checkpoints(v) if k == "checkpoints" else v  # noqa: E731  ("0-2" is "0,1,2")
     if data := [f"--{k.replace('_', '-')} {v}" for k, v in trained.items()
-                if not same.get(k, lambda a, b: a == b)(v, getattr(args, k))]:  # fmt: skip
+                if selection(k, v) != selection(k, getattr(args, k))]:  # fmt: skip
         raise ValueError(f"--resume {args.resume!r} was trained on another part of the data; pass " + " ".join(data))
     if ckpt["updates"] >= args.num_iterations * args.steps_per_iteration:
         raise ValueError(f"--resume {args.resume!r} has done all {ckpt['updates']:,} steps; raise --num-iterations")
