@@ -223,8 +223,8 @@ def configurations() -> list[dict]:
     return [
         dict(name="DER.gin: Rainbow, Nature CNN, Soft MoE 4 experts", **rainbow, **nature4, moe="softmoe"),
         dict(name="DER baseline: Rainbow, Nature CNN, no MoE", **rainbow, **nature4, moe="none"),
-        dict(name="Fig. 12 / full_rainbow.gin: Rainbow, Impala, Soft MoE 8 experts", **rainbow, **impala8,
-             moe="softmoe"),
+        dict(name="Fig. 12: Rainbow (full_rainbow.gin's agent), Impala, Soft MoE 8 experts (the gin: 4)", **rainbow,
+             **impala8, moe="softmoe"),
         dict(name="Rainbow, Impala, no MoE", **rainbow, **impala8, moe="none"),
         dict(name="Rainbow, Impala, widened baseline x8 (scale_hidden_layer)", **rainbow, **impala8, moe="none",
              width_multiplier=8),
@@ -357,7 +357,7 @@ UPDATE_CONFIGS = [
     ("DrQ(eps) without augmentation: scalar Q, Huber loss, Soft MoE 4 experts", "rainbow", "drq-eps", "softmoe"),
     ("CQL: Huber TD + 0.1 CQL penalty, 1-step target, Soft MoE 4 experts", "cql", "cql", "softmoe"),
     ("CQL+C51: C51 TD + 0.1 penalty on expected Q, 3-step double-DQN, Soft MoE 4", "cql", "cql-c51", "softmoe"),
-    ("DQN (dqn.gin): squared TD error, 1-step target, Soft MoE 4 experts", "dqn", "dqn", "softmoe"),
+    ("DQN (dqn.gin's loss): squared TD error, 1-step target, Soft MoE 4 (the gin: 8)", "dqn", "dqn", "softmoe"),
     ("DQN: Top1-MoE 4 experts", "dqn", "dqn", "top1"),
     ("DQN: no MoE", "dqn", "dqn", "none"),
 ]
