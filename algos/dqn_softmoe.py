@@ -92,7 +92,8 @@ class Args(Network):  # the Network options above come first in --help and in su
     wandb_entity: str | None = None
     """the wandb entity (team)"""
     capture_video: bool = False
-    """write what the agent sees in env 0 as mp4 to runs/{run_name}/videos/ (episodes 0, 1, 8, 27, ..., 1000, 2000)"""
+    """mp4s of what the agent sees in env 0 in runs/{run_name}/videos/ (its episodes 0, 1, 8, ..., 1000, ... of this
+    process: a resumed run counts from its resume)"""
     save_model: bool = False
     """save networks, optimiser, counters, episodes and generators to runs/{run_name}/{script}.pt, also mid-run"""
     checkpoint_replay: bool = False

@@ -75,7 +75,8 @@ class Args:
     wandb_entity: str | None = None
     """the wandb entity (team)"""
     capture_video: bool = False
-    """mp4s of env 0's 105x80 frames under runs/{run_name}/videos/ (episodes 0, 1, 8, 27, ..., 1000, 2000, ...)"""
+    """mp4s of env 0's 105x80 frames under runs/{run_name}/videos/ (its episodes 0, 1, 8, ..., 1000, ... of this
+    process: a resumed run counts from its resume)"""
     save_model: bool = False
     """save theta, the traces, the counters, the scores and the sampler to runs/{run_name}/sarsa_lambda_silu_atari.pt"""
     resume: str | None = None
