@@ -1109,7 +1109,10 @@ def read_checkpoint(args: Args) -> dict:
     ckpt = load_checkpoint(args.resume, args)
     # the same data: the game is in the architecture; --dataset-dir may have moved, so only its selection is compared
     trained = {k: ckpt["args"].get(k, getattr(args, k)) for k in ("checkpoints", "data_percent", "n_step")}
-    selection = lambda k, v: parse_checkpoints(v) if k == "checkpoints" else v  # noqa: E731  ("0-2" is "0,1,2")
+
+    def selection(k: str, v):  # what the value selects: "0-2" and "0,1,2" are one selection
+        return parse_checkpoints(v) if k == "checkpoints" else v
+
     if data := [f"--{k.replace('_', '-')} {v}" for k, v in trained.items()
                 if selection(k, v) != selection(k, getattr(args, k))]:  # fmt: skip
         raise ValueError(f"--resume {args.resume!r} was trained on another part of the data; pass " + " ".join(data))
