@@ -412,9 +412,9 @@ RATES = {
     "h200-tetris-shallow-40runs": Rate(14_864, "placements", "GPU", ("SZTetris", "shallow", 40),
                                        "results/tetris_deep_gpu/README.md", "Speed: shallow net, eager (not "
                                        "--compile), 40 batched runs, one process alone on an H200"),
-    "core-tetris-deep-5runs": Rate(230, "placements", "core", ("SZTetris", "deep", 5),
-                                   "results/tetris_speed/README.md", "Components: deep net, 5 runs, one thread "
-                                   "(its output not kept)"),
+    "core-tetris-deep-5runs": Rate(292, "placements", "core", ("SZTetris", "deep", 5),
+                                   "results/tetris_speed/README.md", "The deep net on a CPU: 5 runs, one thread "
+                                   "(deep_cpu/summary.json)"),
     "core-tetris10x10-5runs": Rate(4_400, "placements", "core", ("Tetris10x10", "shallow", 5),
                                    "results/tetris_10x10_reduced/README.md", "machine: 'about 4,400 placements/s' "
                                    "(4,443 in its summary.json), one thread shared with two to three other jobs"),
