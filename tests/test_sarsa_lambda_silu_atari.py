@@ -192,7 +192,7 @@ def test_vmapped_gradients_equal_per_environment_autograd():
         q = net(obs[k : k + 1])[0, actions[k]]
         q.backward()
         expected = torch.cat([p.grad.flatten() for p in net.parameters()])
-        assert float(q_taken[k]) == pytest.approx(float(q), abs=1e-5)
+        assert q_taken[k].item() == pytest.approx(q.item(), abs=1e-5)
         torch.testing.assert_close(grad_q[k], expected, rtol=1e-4, atol=1e-6)
 
 
