@@ -12,7 +12,7 @@ import rainbow_softmoe as rb
 from benchmark import compact_checkpoint as cc
 
 SMALL = dict(env_id="ALE/Breakout-v5", encoder="nature", num_experts=2, expert_width=32, buffer_size=3000,
-             batch_size=8, log_every_seconds=1000.0, snapshot_every=0, eval_episodes=0, learning_starts=100,
+             batch_size=8, log_every_seconds=1000.0, snapshot_every=0, eval_episodes=0, learning_starts=500,
              save_model=True, checkpoint_replay=True)  # fmt: skip
 
 
