@@ -2,6 +2,7 @@
 
     python milestone.py pack runs/<run>/td_lambda_tetris.pt state.npz      # what gets committed (~4 MB at 40 runs)
     python milestone.py unpack state.npz resume.pt                         # then: bash command.sh --resume resume.pt
+    python milestone.py split state.npz <folder>                           # one process's runs as two processes
     python milestone.py rates train_log.txt rates.csv                     # placements/s over the run, per segment
 
 Table 1, its tests and Fig. 2 from packs or checkpoints: settle.py.
@@ -16,6 +17,7 @@ keep the block's placements (so per-block means and totals are right, per-episod
 """
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -96,6 +98,37 @@ def unpack(path: str, out: str):
     print(f"{out}: resumes at episodes {episodes.min():,}-{episodes.max():,} per run")
 
 
+def split(path: str, out_dir: str):
+    """Two packs of half the runs each, for two processes on two cores: per activation, the runs of seeds
+    seed .. seed+h-1 and seed+h .. seed+n-1 (h = n/2; activation i owns rows i n .. (i+1) n - 1 of every array). Every
+    run's state is its own rows, bit for bit. The batch draws its pieces from one generator, so the halves cannot both
+    continue it: the first keeps it; the second starts the generator of its first seed (as `--seed seed+h` would in a
+    fresh process), so the two processes draw different pieces. Each pack resumes with --seed and --num-runs h."""
+    z = np.load(path)
+    meta = json.loads(str(z["meta"]))
+    n, seed, acts = meta["num_runs"], meta["args"]["seed"], meta["architecture"]["activation"].split("+")
+    if n % 2 or meta["device"] != "cpu":
+        raise SystemExit(f"error: {path} holds {n} runs per activation on {meta['device']}; split needs an even "
+                         "number on cpu (the generator's state is per device type)")  # fmt: skip
+    h = n // 2
+    outs = [os.path.join(out_dir, f"state_runs{s}_{s + h - 1}.npz") for s in (seed, seed + h)]
+    if taken := [o for o in outs if os.path.exists(o)]:
+        raise SystemExit(f"error: {', '.join(taken)} already there; split into another folder")
+    os.makedirs(out_dir, exist_ok=True)
+    for k, (first, out) in enumerate(zip((seed, seed + h), outs, strict=True)):
+        rows = np.concatenate([np.arange(i * n + k * h, i * n + (k + 1) * h) for i in range(len(acts))])
+        arrays = {name: z[name][rows] for name in z.files if name.split("/")[0] in RUN_ROWS}
+        arrays["block_sums"] = z["block_sums"][:, rows]
+        rng = z["rng"] if k == 0 else torch.Generator().manual_seed(first).get_state().numpy()
+        part = meta | {"num_runs": h, "args": meta["args"] | {"seed": first, "num_runs": h}}
+        np.savez_compressed(out, rng=rng, meta=np.array(json.dumps(part)), **arrays)
+        print(f"{out}: runs {first}-{first + h - 1} of each activation, episodes {arrays['episodes'].min():,}-"
+              f"{arrays['episodes'].max():,}; resume with --seed {first} --num-runs {h}")  # fmt: skip
+
+
+RUN_ROWS = ("episodes", "tail_start", "tail_scores", "tail_lengths", "traces", "games")  # a pack's arrays by run
+
+
 def rates(log_path: str, out: str):
     """placements/s over the run from the training log: per window of ~10 minutes of each segment (a process from its
     start or resume to its end; its progress lines count placements and time from that start), to `out` as CSV, and
@@ -127,7 +160,7 @@ def rates(log_path: str, out: str):
 
 
 if __name__ == "__main__":
-    commands = {"pack": pack, "unpack": unpack, "rates": rates}
+    commands = {"pack": pack, "unpack": unpack, "split": split, "rates": rates}
     if len(sys.argv) != 4 or sys.argv[1] not in commands:
         raise SystemExit(__doc__)
     commands[sys.argv[1]](sys.argv[2], sys.argv[3])
