@@ -1,7 +1,7 @@
 """Table 1's four shallow rows over every run of this folder, and the tests that decide the paper's ordering.
 
-    python settle.py state.npz state_runs11_30.npz              # at 200,000 episodes: table, tests, Fig. 2, JSON
-    python settle.py state.npz runs/<run>/td_lambda_tetris.pt --at 50000   # a milestone of a run in progress
+    python settle.py state.npz state_runs11_20.npz state_runs21_30.npz   # at 200,000 episodes: table, tests, Fig. 2
+    python settle.py state.npz runs/<A>/td_lambda_tetris.pt runs/<B>/td_lambda_tetris.pt --at 100000   # a milestone
 
 Each input is a packed state (milestone.py pack) or a td_lambda_tetris.py checkpoint of a batched process; a run's
 score at episode `at` is its mean over episodes at-1000 .. at-1, and the runs of one activation are pooled over the
