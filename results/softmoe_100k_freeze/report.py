@@ -145,23 +145,23 @@ def main():
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    print("| run | network | evaluation (sd) | training, last 100 | dispatch entropy, first → last snapshot | "
+    print("| run | network | training, last 100 | evaluation (sd) | dispatch entropy, first → last snapshot | "
           "output-token diversity | snapshots | Φ grad RMS, median: first 10k → last 10k steps |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['run']} | {r['network']} | {r['eval_mean']:.1f} ({r['eval_sd']:.1f}) | "
-              f"{r['train_last_100']:.1f} | "
+        print(f"| {r['run']} | {r['network']} | {r['train_last_100']:.1f} | "
+              f"{r['eval_mean']:.1f} ({r['eval_sd']:.1f}) | "
               f"{fmt(r['dispatch_entropy_first'], '.6f')} → {fmt(r['dispatch_entropy_last'], '.6f')} | "
               f"{fmt(r['diversity_first'], '.2g')} → {fmt(r['diversity_last'], '.2g')} | {r['snapshots']} | "
               f"{fmt(r['phi_grad_rms_first_10k'], '.2g')} → {fmt(r['phi_grad_rms_last_10k'], '.2g')} |")  # fmt: skip
-    print("\n| arm | seeds | evaluation per seed | mean | training, last 100, per seed | mean |")
+    print("\n| arm | seeds | training, last 100, per seed | mean | evaluation per seed | mean |")
     print("|---|---|---|---|---|---|")
     for arm in dict.fromkeys((r["arm"], r["earlier"]) for r in rows):
         group = [r for r in rows if (r["arm"], r["earlier"]) == arm]
         evals, trains = [r["eval_mean"] for r in group], [r["train_last_100"] for r in group]
         print(f"| {arm[0]}{' (earlier)' if arm[1] else ''} | {', '.join(str(r['seed']) for r in group)} | "
-              f"{', '.join(f'{v:.1f}' for v in evals)} | {statistics.mean(evals):.1f} | "
-              f"{', '.join(f'{v:.1f}' for v in trains)} | {statistics.mean(trains):.1f} |")  # fmt: skip
+              f"{', '.join(f'{v:.1f}' for v in trains)} | {statistics.mean(trains):.1f} | "
+              f"{', '.join(f'{v:.1f}' for v in evals)} | {statistics.mean(evals):.1f} |")  # fmt: skip
     print("\nExact permutation tests, training return (last 100 episodes), one value per seed:")
     print("| Soft MoE arm | baseline | seeds | means | one-sided p (above) | two-sided p | smallest one-sided p |")
     print("|---|---|---|---|---|---|---|")

@@ -82,7 +82,7 @@ def main(ckpt_path: str, steps: int = 500):
     rows.sort(key=lambda x: (acts.index(x[0]), x[2]))
     with open(os.path.join(HERE, "run_levels.csv"), "w") as f:
         f.write(header + "\n")
-        f.writelines(f"{a},{r},{s:.1f},{u},{sat:.3f},{z:.2f},{p:.3f}\n" for a, r, s, u, sat, z, p in rows)
+        f.writelines(f"{a},{r},{s:.3f},{u},{sat:.6f},{z:.6f},{p:.6f}\n" for a, r, s, u, sat, z, p in rows)
     print("| activation | run | score | units in use (of 50) | saturated | mean abs z | P(greedy) |")
     print("|---|---|---|---|---|---|---|")
     for a, r, s, u, sat, z, p in rows:
