@@ -100,7 +100,7 @@ def main():
         run_act += acts
         curve_sums.append(s[:, : cli.at // BLOCK])
         square_sums.append(s2[:, cli.at // BLOCK - 1])
-        sources.append(f"{os.path.basename(path)}: network inits {seed}-{seed + n - 1}, piece stream seed {seed}")
+        sources.append(f"{os.path.basename(path)}: network inits {seed}-{seed + n - 1}, --seed {seed}")
     run_act, curve = np.array(run_act), np.concatenate(curve_sums) / BLOCK  # mean score per run and block
     final, final_sq = curve[:, -1], np.concatenate(square_sums) / BLOCK
     rng = np.random.default_rng(0)
