@@ -47,7 +47,7 @@ def blocks(path: str) -> tuple[list[str], np.ndarray, np.ndarray, int, int]:
         for r in range(len(episodes)):
             b = int(start[r]) // BLOCK
             tail = z["tail_scores"][r, : episodes[r] - start[r]].astype(np.float64)
-            tail = tail[: (n_blocks - b) * BLOCK].reshape(-1, BLOCK)
+            tail = tail[: max(n_blocks - b, 0) * BLOCK].reshape(-1, BLOCK)  # a fast run's sums may cover them all
             s[r] = np.concatenate([sums[0, r, :b], tail.sum(1)])[:n_blocks]
             s2[r] = np.concatenate([sums[1, r, :b], (tail**2).sum(1)])[:n_blocks]
     else:
