@@ -12,8 +12,9 @@ A checkpoint holds every episode's score and length (40 runs x 200k episodes: ~1
 generator, the episode counters), bit for bit, and of the history only what the results need: the sums of the score,
 its square and the length over every complete 1,000-episode block (the learning curve, Fig. 2), and the raw scores and
 lengths from the last block boundary at least 1,000 episodes back (the final-1,000 table). `unpack` writes a checkpoint
-that resumes the run exactly; in it, the episodes of the summed blocks hold their block's mean score and lengths that
-keep the block's placements (so per-block means and totals are right, per-episode values inside those blocks are not).
+that resumes the run exactly; in it, the episodes of a summed block alternate between its mean score plus and minus its
+sd over episodes (the block's sum and square sum kept, so a later `pack` writes the same sums), with lengths that keep
+its placements: per-block means, sds and totals are right, per-episode values inside those blocks are not.
 """
 
 import json
@@ -23,7 +24,7 @@ import sys
 import numpy as np
 import torch
 
-BLOCK = 1000
+BLOCK = 1000  # even, so that unpack's mean +- sd filling keeps a block's sum and square sum
 
 
 def tail_start(episodes: np.ndarray) -> np.ndarray:
@@ -70,7 +71,9 @@ def unpack(path: str, out: str):
     scores, lengths = np.zeros((R, capacity), np.float32), np.zeros((R, capacity), np.int64)
     for r in range(R):
         b = start[r] // BLOCK
-        scores[r, : start[r]] = np.repeat(sums[0, r, :b] / BLOCK, BLOCK)
+        mean = sums[0, r, :b] / BLOCK
+        sd = np.sqrt(np.maximum(sums[1, r, :b] / BLOCK - mean**2, 0.0))  # mean +- sd, alternating: both sums kept
+        scores[r, : start[r]] = (mean[:, None] + sd[:, None] * np.resize([1.0, -1.0], BLOCK)).reshape(-1)
         q, extra = np.divmod(sums[2, r, :b].astype(np.int64), BLOCK)  # lengths summing to each block's placements
         lengths[r, : start[r]] = (q[:, None] + (np.arange(BLOCK) < extra[:, None])).reshape(-1)
         n = episodes[r] - start[r]
