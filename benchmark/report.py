@@ -5,7 +5,8 @@ Reads every summary.json (and eval_summary.json) under the given directories, ea
 wrote, and writes one markdown table per paper table or figure:
 
 * Elfwing et al. 2018: Table 1 (SZ-Tetris; where a table1.json exists, its full-budget result leads: per activation
-  the runs, mean with its bootstrap CI over runs, median, sd, best run, and the five tests with their verdicts), Table 2
+  the runs, mean with its bootstrap CI over runs, median, sd, best run, and the five tests with their verdicts; runs
+  in its own folder are counted under it, not tabled again), Table 2
   (Sarsa(lambda) final and best means, DQN-normalised, mean and median over games), Table 3 (softmax vs epsilon-greedy).
 * Obando-Ceron et al. 2024: per comparison, the IQM of human-normalised scores over games x seeds with 95% stratified
   bootstrap CIs, computed by rliable (Agarwal et al. 2021); per-game scores beside the published DrQ(eps) and DER means
@@ -337,12 +338,17 @@ def elfwing_table1(runs, settled=()) -> str:
     (or alone, as Table 1, where no table1.json was found)."""
     paper = PAPER["elfwing_table1"]
     groups = {}  # (network, activation) -> (experiment, episodes asked) -> summaries: a row per budget
+    own = {os.path.realpath(os.path.dirname(t["_path"])): 0 for t in settled}  # a table1.json's folder: its runs
     for s in last_segments(runs):
-        if kind(s) == "tetris":
+        if kind(s) == "tetris" and experiment_dir(s) in own:  # in the settled result already
+            own[experiment_dir(s)] += 1
+        elif kind(s) == "tetris":
             for _, net, act, r in tetris_rows(s):
                 key = (r["_first_exp"], r["args"].get("total_episodes"))
                 groups.setdefault((net, act), {}).setdefault(key, []).append(r)
     sections = [settled_table1(t) for t in settled]
+    if counts := [f"{n} summary.json under {rel(d)}" for d, n in own.items() if n]:
+        sections.append(f"({', '.join(counts)}: runs of the result above, not tabled again.)")
     if not groups:
         return "\n\n".join(sections)
     rows = []

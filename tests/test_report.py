@@ -111,7 +111,8 @@ def table1_json(runs):
 
 def test_table1_leads_with_the_settled_result_and_leaves_out_superseded_runs(tmp_path):
     """table1.json's full-budget rows and tests come first, with the run count read from the file; runs of a folder
-    whose README says it is superseded are named at the end, not tabled; other reduced runs follow Table 1."""
+    whose README says it is superseded are named at the end, not tabled, and runs of table1.json's own folder are
+    counted under it; other reduced runs follow Table 1."""
     root = tmp_path / "results"
     (root / "paper").mkdir(parents=True)
     with open(root / "paper" / "table1.json", "w") as f:
@@ -123,6 +124,8 @@ def test_table1_leads_with_the_settled_result_and_leaves_out_superseded_runs(tmp
     write_run(str(root / "reduced"), "run", tetris | {"args": tetris["args"] | {"exp_name": "old_reduced"}})
     (root / "reduced" / "README.md").write_text("# Reduced\n\nSuperseded by [paper](../paper/README.md).\n")
     write_run(str(root / "check"), "run", tetris | {"args": tetris["args"] | {"exp_name": "timing_check"}})
+    (root / "paper" / "README.md").write_text("# Table 1 at the paper's budget\n")
+    write_run(str(root / "paper" / "runs"), "half", tetris | {"args": tetris["args"] | {"exp_name": "runs11_20"}})
     (root / "check" / "README.md").write_text("# A check at 3,000 episodes\n")
     out = str(tmp_path / "out")
     assert report.main([str(root), "--out", out, "--no-plots"]) == 0
@@ -134,6 +137,7 @@ def test_table1_leads_with_the_settled_result_and_leaves_out_superseded_runs(tmp
     assert "| dsilu – relu | +50.0 | 6.10 |" in md and "settled: dsilu > relu (the paper's order)" in md
     assert "not settled at 30 runs" in md and "(1 of 2 settled)" in md
     assert "timing_check" in md.split("### Other runs")[1]  # a reduced run that nothing supersedes: after Table 1
+    assert "runs11_20" not in md and "(1 summary.json under " in md  # a run of the result: counted, not tabled
     assert "old_reduced" not in md  # superseded: left out of the tables ...
     assert "reduced (1 summaries): Superseded by paper." in md.split("### Left out: superseded")[1]  # ... and named
     with open(os.path.join(root, "paper", "table1.json"), "w") as f:
