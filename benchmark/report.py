@@ -340,12 +340,14 @@ def elfwing_table1(runs, settled=()) -> str:
     groups = {}  # (network, activation) -> (experiment, episodes asked) -> summaries: a row per budget
     own = {os.path.realpath(os.path.dirname(t["_path"])): 0 for t in settled}  # a table1.json's folder: its runs
     for s in last_segments(runs):
-        if kind(s) == "tetris" and experiment_dir(s) in own:  # in the settled result already
-            own[experiment_dir(s)] += 1
-        elif kind(s) == "tetris":
-            for _, net, act, r in tetris_rows(s):
-                key = (r["_first_exp"], r["args"].get("total_episodes"))
-                groups.setdefault((net, act), {}).setdefault(key, []).append(r)
+        if kind(s) != "tetris":
+            continue
+        if (folder := experiment_dir(s)) in own:  # in the settled result already
+            own[folder] += 1
+            continue
+        for _, net, act, r in tetris_rows(s):
+            key = (r["_first_exp"], r["args"].get("total_episodes"))
+            groups.setdefault((net, act), {}).setdefault(key, []).append(r)
     sections = [settled_table1(t) for t in settled]
     if counts := [f"{n} summary.json under {rel(d)}" for d, n in own.items() if n]:
         sections.append(f"({', '.join(counts)}: runs of the result above, not tabled again.)")
