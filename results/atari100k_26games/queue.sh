@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# §5.2's Atari-100k claim with DER (rainbow_softmoe.py --preset der), the network of the reference's shipped
+# dopamine/labs/moes/configs/DER.gin (Nature CNN; Soft MoE with 4 experts) against its baseline (--moe none), one torch
+# thread per run, in this order:
+#   1. Breakout, Boxing, RoadRunner, seeds 1-3 (seed 1 first: Breakout seed 1 is the run beside the reference's own
+#      training, results/reference_training);
+#   2. the other 23 games of the paper's 26 (Appendix A), seed 1.
+#
+#   bash results/atari100k_26games/queue.sh WORKER NUM_WORKERS   # e.g. "0 2" and "1 2", one per core
+#   bash results/atari100k_26games/queue.sh --list                # each run's state
+#   ONLY='_Breakout_' bash results/atari100k_26games/queue.sh 0 1  # only the runs whose name matches a regex
+#   CODE=<commit> bash ...                                         # run the code of that commit (default: HEAD)
+#
+# Job i (of those ONLY selects) belongs to worker i % NUM_WORKERS. The code runs from a git worktree of one commit
+# (work/code-<commit>), so edits to the checkout never reach a run in progress; each segment's summary.json records its
+# commit. Resumable: a run whose results/ copy exists is complete and skipped; a run with a checkpoint goes on from it
+# (replay memory and priorities included). Working files (checkpoints, replay memories: ~0.7 GB per run, snapshots)
+# stay in work/ (git-ignored); a run lost with the machine costs one run (~3.5 h), so nothing is packed.
+# A finished run's summary, episodes, learning curve, log, tensorboard scalars of all its segments (scalars.csv) and
+# the routing statistics of its snapshots (analysis.csv, benchmark/moe_analysis.py) land in results/atari100k_26games/
+# <run>/ and are committed on their own (`git commit -- <that folder>`). The snapshots of Breakout seed 1 are kept in
+# work/ (the reference comparison reads them); the others, and every finished run's replay memory, are deleted.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+PY=${PYTHON:-$ROOT/.venv/bin/python}
+OUT=$ROOT/results/atari100k_26games
+WORK=$OUT/work
+export OMP_NUM_THREADS=${THREADS:-1}
+export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4000000000  # keep freed activations in the heap
+
+GAMES_26="Alien Amidar Assault Asterix BankHeist BattleZone Boxing Breakout ChopperCommand CrazyClimber DemonAttack
+  Freeway Frostbite Gopher Hero Jamesbond Kangaroo Krull KungFuMaster MsPacman Pong PrivateEye Qbert RoadRunner
+  Seaquest UpNDown"
+THREE="Breakout Boxing RoadRunner"
+jobs=()
+for seed in 1 2 3; do
+  for game in $THREE; do for moe in none softmoe; do jobs+=("$game $moe $seed"); done; done
+done
+for game in $GAMES_26; do
+  [[ " $THREE " == *" $game "* ]] && continue
+  for moe in none softmoe; do jobs+=("$game $moe 1"); done
+done
+selected=()
+for job in "${jobs[@]}"; do
+  read -r game moe seed <<<"$job"
+  [[ "der_${game}_${moe}_s${seed}" =~ ${ONLY:-.} ]] && selected+=("$job")
+done
+jobs=("${selected[@]}")
+
+latest() { ls -t "$WORK"/runs/*__"$1"__*/"$2" 2>/dev/null | head -n 1 || true; }
+complete() { grep -qs '"complete": true' "$OUT/$1/summary.json"; }
+
+if [ "${1:-}" = --list ]; then
+  for job in "${jobs[@]}"; do
+    read -r game moe seed <<<"$job"
+    name="der_${game}_${moe}_s${seed}"
+    if complete "$name"; then echo "$name: complete"
+    elif [ -n "$(latest "$name" summary.json)" ]; then
+      echo "$name: at step $("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["global_step"])' \
+        "$(latest "$name" summary.json)")"
+    else echo "$name: not started"; fi
+  done
+  exit 0
+fi
+
+worker=${1:?usage: queue.sh WORKER NUM_WORKERS}
+workers=${2:?usage: queue.sh WORKER NUM_WORKERS}
+commit=$(git -C "$ROOT" rev-parse --short=12 "${CODE:-HEAD}")
+CODE_DIR=$WORK/code-$commit
+mkdir -p "$WORK/logs"
+if [ ! -d "$CODE_DIR" ]; then  # two workers may start together: the loser of the race uses the winner's worktree
+  git -C "$ROOT" worktree add --detach "$CODE_DIR" "$commit" >/dev/null 2>&1 || sleep 5
+fi
+[ -f "$CODE_DIR/algos/rainbow_softmoe.py" ] || { echo "no worktree at $CODE_DIR"; exit 1; }
+
+commit_results() {  # commit_results NAME MESSAGE: that folder alone, retried while another git command holds the lock
+  for _ in 1 2 3 4 5 6; do
+    git -C "$ROOT" add -- "$OUT/$1" && git -C "$ROOT" commit -q -m "$2" -- "$OUT/$1" && return 0
+    sleep 20
+  done
+  echo "$1: could not commit; commit results/atari100k_26games/$1 by hand"
+}
+
+cd "$WORK"
+for i in "${!jobs[@]}"; do
+  [ $((i % workers)) = "$worker" ] || continue
+  read -r game moe seed <<<"${jobs[$i]}"
+  name="der_${game}_${moe}_s${seed}"
+  complete "$name" && continue
+  network=(--encoder nature --moe "$moe")
+  [ "$moe" = softmoe ] && network+=(--num-experts 4)
+  snapshots=(--snapshot-every 10000)  # the preset's: routing statistics once per iteration
+  cmd=("$PY" "$CODE_DIR/algos/rainbow_softmoe.py" --preset der --env-id "ALE/$game-v5" "${network[@]}" --seed "$seed"
+       --exp-name "$name" --save-model --checkpoint-replay --write-every-minutes 10 --log-every-seconds 60
+       "${snapshots[@]}" ${EXTRA:-})
+  checkpoint=$(latest "$name" rainbow_softmoe.pt)
+  [ -n "$checkpoint" ] && cmd+=(--resume "$checkpoint")
+  echo "+ ${cmd[*]}" >>"logs/$name.log"
+  "${cmd[@]}" >>"logs/$name.log" 2>&1 || { echo "$name: exited with $? (see $WORK/logs/$name.log)"; exit 1; }
+  summary=$(latest "$name" summary.json)
+  if ! grep -q '"complete": true' "$summary"; then
+    echo "$name: stopped before the end; run the queue again to resume it"; exit 0
+  fi
+  dir=$(dirname "$summary")
+  segments=("$WORK"/runs/*__"$name"__*)
+  mkdir -p "$OUT/$name"
+  cp "$dir/episodes.csv" "$OUT/$name/"
+  cp "logs/$name.log" "$OUT/$name/train_log.txt"
+  "$PY" "$CODE_DIR/benchmark/learning_curve.py" "$dir" && cp "$dir/learning_curve.png" "$OUT/$name/"
+  "$PY" "$CODE_DIR/benchmark/scalars.py" "${segments[@]}" --out "$OUT/$name/scalars.csv"
+  for run in "${segments[@]}"; do
+    [ -d "$run/snapshots" ] || continue
+    "$PY" "$CODE_DIR/benchmark/moe_analysis.py" "$run" >/dev/null
+    cat "$run/analysis.csv" >>"$OUT/$name/analysis.csv.tmp"
+  done
+  [ -f "$OUT/$name/analysis.csv.tmp" ] && awk 'NR == 1 || $0 != first { print } NR == 1 { first = $0 }' \
+    "$OUT/$name/analysis.csv.tmp" >"$OUT/$name/analysis.csv" && rm "$OUT/$name/analysis.csv.tmp"
+  "$PY" "$ROOT/results/softmoe_100k_freeze/segments.py" "$OUT/$name/segments.json" "${segments[@]}"
+  cp "$summary" "$OUT/$name/"  # last: the run counts as complete once everything else is here
+  for run in "${segments[@]}"; do  # disk: the replay memories go, and the snapshots but Breakout seed 1's
+    rm -f "$run"/rainbow_softmoe_replay_*.npz
+    [ "$game $seed" = "Breakout 1" ] || rm -rf "$run/snapshots"
+  done
+  result=$("$PY" -c 'import json, sys; s = json.load(open(sys.argv[1]))
+print("{:,} agent steps; evaluation {:.1f}".format(s["global_step"], s["eval_mean_return"]))' "$summary")
+  commit_results "$name" "atari100k_26games: $name complete ($result)"
+  echo "$name: complete, in $OUT/$name"
+done
