@@ -69,9 +69,10 @@ workers=${2:?usage: queue.sh WORKER NUM_WORKERS}
 commit=$(git -C "$ROOT" rev-parse --short=12 "${CODE:-HEAD}")
 CODE_DIR=$WORK/code-$commit
 mkdir -p "$WORK/logs"
-if [ ! -d "$CODE_DIR" ]; then  # two workers may start together: the loser of the race uses the winner's worktree
-  git -C "$ROOT" worktree add --detach "$CODE_DIR" "$commit" >/dev/null 2>&1 || sleep 5
-fi
+(  # two workers may start together: one makes the worktree, the other waits for the lock and finds it there
+  flock 9
+  [ -f "$CODE_DIR/algos/rainbow_softmoe.py" ] || git -C "$ROOT" worktree add --detach "$CODE_DIR" "$commit" >/dev/null
+) 9>"$WORK/worktree.lock"
 [ -f "$CODE_DIR/algos/rainbow_softmoe.py" ] || { echo "no worktree at $CODE_DIR"; exit 1; }
 
 commit_results() {  # commit_results NAME MESSAGE: that folder alone, retried while another git command holds the lock
