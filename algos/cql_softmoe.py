@@ -66,7 +66,8 @@ class Network:
     """The network's options: QNetwork is built from them, and a checkpoint records them as its architecture."""
 
     encoder: Literal["impala", "nature"] = "impala"
-    """impala: 3 ResNet stacks 16/32/32 (the paper's Fig. 11 and 17); nature: 3 convs 32/64/64"""
+    """impala: 3 ResNet stacks 16/32/32, 3x3 (the reference code's; Impala is the paper's Fig. 11 and 17 encoder);
+    nature: 3 convs 32/64/64"""
     moe: Literal["softmoe", "top1", "none"] = "softmoe"
     """what replaces the penultimate dense layer: Soft MoE, Top1-MoE, or none (the dense 512-unit baseline)"""
     num_experts: int | None = None

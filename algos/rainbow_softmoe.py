@@ -61,7 +61,8 @@ class Network:
     """The network's options: QNetwork is built from them, and a checkpoint records them as its architecture."""
 
     encoder: Literal["impala", "nature"] = "impala"
-    """impala: 3 ResNet stacks 16/32/32 (the paper's main encoder); nature: 3 convs 32/64/64 (Fig. 7)"""
+    """impala: 3 ResNet stacks 16/32/32, 3x3 (the reference code's; Impala is the paper's main encoder); nature: 3 convs
+    32/64/64 (Fig. 7)"""
     impala_kernel: Literal[3, 4, 6] = 3
     """filter size of every Impala convolution (App. D, Fig. 18: 3 is the default, 4 and 6 the scaled variants)"""
     moe: Literal["softmoe", "top1", "none"] = "softmoe"
@@ -200,8 +201,9 @@ class Args(Network):  # the Network options above come first in --help and in su
 
 # What each preset changes from the full-Rainbow defaults (dopamine/labs/moes/configs/DER.gin; DrQ(eps) has no MoE
 # gin file, so dopamine/labs/atari_100k/configs/DrQ_eps.gin; the 100k protocol: dopamine/labs/atari_100k/
-# atari_100k_runner.py); both keep the defaults' network, that of Fig. 12 (Impala, 8 experts; a 50M-step figure: the
-# paper's 100k statement is text only and names no network); the shipped DER.gin has --encoder nature --num-experts 4
+# atari_100k_runner.py); both keep the defaults' network, the reference code's Impala encoder with 8 experts (Fig. 12's
+# expert count; a 50M-step figure: the paper's 100k statement is text only and names no network); the shipped DER.gin
+# has --encoder nature --num-experts 4
 ATARI_100K = dict(
     protocol="atari100k", total_timesteps=100_000, iteration_steps=10_000, learning_starts=1600, learning_rate=1e-4,
     adam_eps=1.5e-4, replay_ratio=1.0, eval_episodes=100,  # update_period 1; 10 iterations of 10k, then 100 episodes

@@ -782,8 +782,8 @@ def comparison_text(c) -> str:
             f"{punit} ({100 * n / pn:.3g}%); {c['protocol']}; {c['encoder'] or 'default'} encoder."
         )
     if not c["suite"] and c["encoder"] == "impala" and any(v.startswith("Soft MoE, 8 experts") for v in c["variants"]):
-        text.append("Impala encoder + Soft MoE with 8 experts is the network of the paper's Fig. 12 (there at 50M "
-                    "agent steps).")  # fmt: skip
+        text.append("The network is the reference code's Impala encoder with a Soft MoE of 8 experts (the expert count "
+                    "of the paper's Fig. 12, which is at 50M agent steps).")  # fmt: skip
     if not c["matrices"]:
         text.append("No run has a score yet.")
         return "\n\n".join(text)
