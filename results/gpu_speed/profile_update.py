@@ -55,8 +55,9 @@ def profile(script: str, encoder: str, moe: str, device, reps: int):
     replay = m.FrameReplay(10000, 1, **kw)
     for t in range(10000):
         frame = rng.integers(0, 256, (1, 84, 84), dtype=np.uint8)
-        replay.add(frame, np.array([t % A]), np.array([float(t % 7 == 0)]), np.array([t % 500 == 499]),
-                   np.ones(1, bool), np.array([min(t % 500, 3)]))  # fmt: skip
+        replay.add(frames=frame, actions=np.array([t % A]), rewards=np.array([float(t % 7 == 0)]),
+                   terminals=np.array([t % 500 == 499]), valid=np.ones(1, bool),
+                   history=np.array([min(t % 500, 3)]))  # fmt: skip
     obs = rng.integers(0, 256, (1, 4, 84, 84), dtype=np.uint8)
     loss_fn = m.rainbow_loss if script == "rainbow_softmoe" else m.dqn_loss
     sample = lambda: replay.sample(32, rng, args.n_step, args.gamma)  # noqa: E731

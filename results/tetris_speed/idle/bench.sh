@@ -1,12 +1,16 @@
 # bench.sh: steady placements/s (between the first and the last progress line, 10 s apart) of the Tetris loop, idle machine
-cd /tmp/idle
+# CODE: the checkout whose algos/td_lambda_tetris.py runs (default the one that holds this script; the logs here are
+# commit 53473b2's); the logs and the runs' folders go to the current directory.
+#   mkdir -p /tmp/idle && cd /tmp/idle && [CODE=<checkout>] bash <repository>/results/tetris_speed/idle/bench.sh
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+CODE=$(cd "${CODE:-$ROOT}" && pwd) || exit 1
 for cfg in "40 2 compile" "40 2 eager" "10 2 compile" "10 2 eager" "40 1 compile" "10 1 compile"; do
   read -r runs threads mode <<<"$cfg"
   if [ "$runs" = 40 ]; then acts="dsilu sigmoid silu relu"; n=10; else acts="dsilu"; n=10; fi
   flag=""; [ "$mode" = compile ] && flag="--compile"
   secs=70; [ "$mode" = compile ] && secs=110
   log=log_${runs}_${threads}_${mode}.txt
-  OMP_NUM_THREADS=$threads timeout -s TERM $secs /work/main/.venv/bin/python /work/main/algos/td_lambda_tetris.py \
+  OMP_NUM_THREADS=$threads timeout -s TERM $secs "$ROOT/.venv/bin/python" "$CODE/algos/td_lambda_tetris.py" \
     --activation $acts --num-runs $n --total-episodes 2000 --log-every-seconds 10 --write-every-minutes 100 \
     --exp-name bench $flag > $log 2>&1
   python3 - "$log" "$cfg" <<'PY'
