@@ -1,0 +1,67 @@
+"""Train the Soft MoE paper's reference agent (google/dopamine `labs/moes`: Atari100kRainbowMoEAgent with
+labs/moes/configs/DER.gin, its DataEfficientAtariRunner and its evaluation) on one game, as its atari_100k_train.py
+would, with the changes of dopamine_reference.CHANGES.
+
+    .refvenv/bin/python results/reference_training/train.py --dopamine-dir ../dopamine --game Breakout \
+        --moe-type SOFTMOE --seed 1 --base-dir results/reference_training/work/dopamine_Breakout_softmoe_s1
+
+The runner checkpoints after every iteration (10,000 agent steps and its 100 evaluation episodes) into
+<base-dir>/checkpoints and resumes from the latest one when started again on the same --base-dir. Its per-iteration
+statistics go to <base-dir>/logs (Dopamine's logger) and its tensorboard events to <base-dir>/metrics and <base-dir>.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dopamine-dir", required=True, help="a checkout of google/dopamine at commit 5873f54")
+    p.add_argument("--game", default="Breakout", help="Atari game name as Dopamine spells it (Breakout, RoadRunner)")
+    p.add_argument(
+        "--moe-type", default="SOFTMOE", choices=["SOFTMOE", "BASELINE"], help="FullRainbowMoENetwork.moe_type"
+    )
+    p.add_argument("--seed", type=int, default=1, help="the run number: the agent's seed, tf's and numpy's")
+    p.add_argument("--base-dir", required=True, help="the run's folder (checkpoints, logs, tensorboard)")
+    p.add_argument("--num-iterations", type=int, default=10, help="Runner.num_iterations (DER.gin: 10)")
+    p.add_argument("--gin", action="append", default=[], help="extra gin bindings, e.g. 'Runner.training_steps=1000'")
+    args = p.parse_args()
+
+    import dopamine_reference
+
+    ref = dopamine_reference.load(args.dopamine_dir)
+    import numpy as np
+    import tensorflow as tf
+    from absl import logging
+
+    logging.set_verbosity(logging.INFO)
+    bindings = dopamine_reference.GIN_REPLAY + [
+        f"atari_lib.create_atari_environment.game_name = '{args.game}'",
+        f"FullRainbowMoENetwork.moe_type = '{args.moe_type}'",
+        f"Runner.num_iterations = {args.num_iterations}",
+        *args.gin,
+    ]
+    ref.run_experiment.load_gin_configs([ref.der_gin], bindings)
+    os.environ["PYTHONHASHSEED"] = str(args.seed)  # atari_100k_train.set_random_seed
+    tf.random.set_seed(args.seed)
+    np.random.seed(args.seed)
+
+    def create_agent(sess, environment, summary_writer=None):
+        return ref.agent_module.Atari100kRainbowMoEAgent(
+            num_actions=environment.action_space.n, seed=args.seed, summary_writer=summary_writer
+        )
+
+    t0 = time.time()
+    runner = ref.runner.DataEfficientAtariRunner(args.base_dir, create_agent)
+    runner.run_experiment()
+    logging.info("reference run finished in %.0f s", time.time() - t0)
+
+
+if __name__ == "__main__":
+    main()
