@@ -55,7 +55,7 @@ from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs import atari, code_version  # noqa: E402  (the Atari protocol the MoE scripts share)
+from envs import atari, code_version, damaged_member  # noqa: E402  (the Atari protocol the MoE scripts share)
 from envs.atari import FRAME_SHAPE, STACK  # noqa: E402
 
 SCRIPT = Path(__file__).stem  # names the experiment, the checkpoint file and its format
@@ -1186,6 +1186,10 @@ def load_checkpoint(path: str, args) -> dict:
     """Load and check a checkpoint against the requested architecture; raises ValueError with one clear line."""
     if not os.path.isfile(path):
         raise ValueError(f"--resume {path!r}: no such file")
+    if member := damaged_member(path):  # torch.load does not check the zip's CRC-32 records
+        raise ValueError(
+            f"--resume {path!r} is damaged ({member} fails its CRC-32 check); restore it from a copy or start again"
+        )
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001  (any unpickling failure means the file is not a checkpoint)

@@ -42,7 +42,7 @@ from torch.func import functional_call, grad, vmap
 from torch.utils.tensorboard import SummaryWriter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs import atari, code_version  # noqa: E402  (ROM names; this script's protocol is its own, §3.3)
+from envs import atari, code_version, damaged_member  # noqa: E402  (ROM names; this script's protocol is its own, §3.3)
 
 CHECKPOINT_FORMAT = "sarsa_lambda_silu_atari/1"
 FRAME_SHAPE = (105, 80)  # §3.3: luminance frames downsampled to 105x80
@@ -374,6 +374,8 @@ def load_checkpoint(path: str, arch: dict | None = None, total_episodes: int = 0
     where = f"{flag} {path!r}"
     if not os.path.isfile(path):
         raise ValueError(f"{where}: no such file")
+    if member := damaged_member(path):  # torch.load does not check the zip's CRC-32 records
+        raise ValueError(f"{where} is damaged ({member} fails its CRC-32 check); restore it from a copy or start again")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001  (any unpickling failure means the file is not a checkpoint)

@@ -44,7 +44,7 @@ from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 from torch.utils.tensorboard import SummaryWriter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs import code_version, tetris  # noqa: E402
+from envs import code_version, damaged_member, tetris  # noqa: E402
 
 PAPER_FINAL_SCORES = {  # Table 1 (SZ-Tetris, final 1,000 episodes: shallow, then deep) and §3.2 (10x10, final 10,000)
     **{("envs/SZTetris-v0", a): v for a, v in dict(silu=214, relu=191, dsilu=263, sigmoid=232).items()},
@@ -568,6 +568,10 @@ def save_checkpoint(path, args, params, episodes, scores, lengths, state=None):
 
 def load_checkpoint(path: str, args: Args) -> dict:
     """Load a checkpoint and check it against the requested run; raises ValueError with one clear line."""
+    if member := damaged_member(path):  # torch.load does not check the zip's CRC-32 records
+        raise ValueError(
+            f"--resume {path!r} is damaged ({member} fails its CRC-32 check); restore it from a copy or start again"
+        )
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:

@@ -39,11 +39,12 @@ sys.path.insert(0, os.path.join(ROOT, "algos"))
 STATE, REPLAY = "state.pt", "replay.npz"
 FORMAT = "rainbow_softmoe/2"  # the checkpoints this tool reads: the script's format, which names the script
 script = importlib.import_module(FORMAT.split("/")[0])
-from envs import atari  # noqa: E402  (the script put the repository root on sys.path)
+from envs import atari, exit_if_damaged  # noqa: E402  (the script put the repository root on sys.path)
 
 
 def load(path: str) -> dict:
     """A rainbow_softmoe.py checkpoint (or a pack's state.pt), or a one-line error."""
+    exit_if_damaged(path)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -176,6 +177,7 @@ def unpack(packed: str, checkpoint: str):
     if os.path.exists(checkpoint):
         raise SystemExit(f"error: {checkpoint!r} exists; unpack to a new path (a checkpoint is never overwritten)")
     state = load(os.path.join(packed, STATE))
+    exit_if_damaged(os.path.join(packed, REPLAY))
     try:
         with np.load(os.path.join(packed, REPLAY), allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}

@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "algos"))
+sys.path[:0] = [os.path.join(ROOT, "algos"), ROOT]
+from envs import exit_if_damaged  # noqa: E402
 
 
 def dormant_fraction(hidden: torch.Tensor, tau: float = 0.0) -> float:
@@ -186,6 +187,7 @@ def analyse_snapshot(path: str, ntk_memory_mb: int = 512, device: str = "cpu") -
 
 def check_snapshot(path: str):
     """One line for a file that is not a readable snapshot of the training scripts (before any long work)."""
+    exit_if_damaged(path)
     try:
         snap = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001  (missing, truncated, or any unpickling failure)

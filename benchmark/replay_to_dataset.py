@@ -35,6 +35,9 @@ import sys
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from envs import exit_if_damaged  # noqa: E402
+
 FRAME_SHAPE, STACK = (84, 84), 4
 
 
@@ -149,6 +152,7 @@ def main():
     cli = parser.parse_args()
     if os.path.exists(os.path.join(cli.out, "add_count_ckpt.0.gz")):
         raise SystemExit(f"error: --out {cli.out!r} already holds a dataset; give a new folder")
+    exit_if_damaged(cli.checkpoint)
     try:
         ckpt = torch.load(cli.checkpoint, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001  (missing, or any unpickling failure)

@@ -23,6 +23,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, os.path.join(ROOT, "algos"))
 import rainbow_softmoe as rb  # noqa: E402
+from envs import exit_if_damaged  # noqa: E402  (the script put the repository root on sys.path)
 from moe_analysis import routing_statistics  # noqa: E402  (beside this file)
 
 
@@ -65,6 +66,7 @@ def main():
         latest[name] = path
     report = {}
     for name, path in latest.items():
+        exit_if_damaged(path)
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         known = {k: v for k, v in ckpt["args"].items() if k in rb.Args.__dataclass_fields__}  # older flags dropped
         args = rb.fill_defaults(rb.Args(**known))

@@ -22,7 +22,7 @@ import tyro
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "algos"))
 import td_lambda_tetris as td  # noqa: E402
-from envs import tetris  # noqa: E402
+from envs import exit_if_damaged, tetris  # noqa: E402
 
 EVAL_GAMES = 64  # games played at once, split over the evaluated runs (one run alone plays 64)
 
@@ -212,6 +212,7 @@ def write_value_analysis(run_dir, episodes, gamma):
 
 def load(cli: Args):
     """The checkpoint's runs of --activation, its training Args, and the runs --run picks; one line if impossible."""
+    exit_if_damaged(cli.checkpoint, "--checkpoint ")
     try:
         ckpt = torch.load(cli.checkpoint, map_location="cpu", weights_only=True)
         trained = ckpt["architecture"]["activation"].split("+")

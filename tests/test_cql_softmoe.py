@@ -18,6 +18,7 @@ import cql_softmoe as cql
 import dqn_softmoe as dqn
 import rainbow_softmoe as rb
 from benchmark import replay_to_dataset
+from damage import flip_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "algos", "cql_softmoe.py")
@@ -517,6 +518,9 @@ def test_smoke_run_of_both_agents_on_a_dataset_from_a_real_game(tmp_path, monkey
     torch.save(ckpt | {"args": ckpt["args"] | {"truncation_is_terminal": False}}, summary["checkpoint"])
     resumed = cql.main(replace_args(args, resume=summary["checkpoint"], num_iterations=3))
     assert resumed["updates"] == 36 and [e["iteration"] for e in resumed["evaluations"]] == [1, 2, 3]
+    flipped = flip_bytes(summary["checkpoint"], tmp_path / "flipped.pt")  # 200 bytes of a weight: torch.load takes it
+    with pytest.raises(SystemExit, match=r"is damaged \(.*/data/\d+ fails its CRC-32 check\); restore it from a copy"):
+        cql.main(replace_args(args, resume=flipped, num_iterations=4))
     other = replace_args(args, resume=summary["checkpoint"], num_iterations=4, data_percent=50, n_step=args.n_step + 1)
     with pytest.raises(SystemExit, match=f"another part of the data; pass --data-percent 100.0 --n-step {args.n_step}"):
         cql.main(other)

@@ -16,6 +16,7 @@ import torch
 import tyro
 
 import dqn_softmoe as dqn
+from damage import flip_bytes
 from envs import atari
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -710,16 +711,20 @@ def test_checkpoint_resume_continues_the_step_counter(tmp_path, monkeypatch):
     assert any(not torch.equal(a, b) for a, b in zip(ckpt["q_net"].values(), again["q_net"].values(), strict=True))
 
     # the wrong architecture, a corrupt file or a finished budget: one line, nothing written
+    (tmp_path / "empty.pt").write_bytes(b"")
     os.makedirs("elsewhere")
     monkeypatch.chdir(tmp_path / "elsewhere")
     bad = tmp_path / "corrupt.pt"
     bad.write_bytes(b"not a checkpoint")
+    flipped = flip_bytes(path, tmp_path / "flipped.pt")  # 200 bytes of a weight tensor: torch.load would accept it
     cases = [
+        (dict(moe="top1", resume=flipped), "fails its CRC-32 check); restore it from a copy"),
         (dict(moe="softmoe", resume=path), "another architecture"),
         (dict(moe="top1", num_experts=4, resume=path), "num_experts: checkpoint 8 vs requested 4"),
         (dict(moe="top1", env_id="ALE/Pong-v5", resume=path), "env_id"),
         (dict(moe="top1", total_timesteps=300, resume=path), "already at step 300"),
         (dict(moe="top1", resume=str(bad)), "not a readable checkpoint"),
+        (dict(moe="top1", resume=str(tmp_path / "empty.pt")), "not a readable checkpoint"),
         (dict(moe="top1", resume=str(tmp_path / "missing.pt")), "no such file"),
     ]
     for kw, message in cases:

@@ -21,6 +21,7 @@ import torch
 import dqn_softmoe as dqn
 import rainbow_softmoe as rb
 from benchmark import moe_analysis
+from damage import flip_bytes
 from envs import atari
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -531,6 +532,9 @@ def test_resume_with_the_replay_memory_keeps_the_priorities(tmp_path, monkeypatc
     assert memory.tree.max_recorded == float(saved["max_priority"])
     resumed = run(total_timesteps=260, resume=first["checkpoint"], **kw)
     assert resumed["start_step"] == 200 and resumed["updates"] == first["updates"] + int(59 * 0.25)
+    flipped = flip_bytes(first["checkpoint"], tmp_path / "flipped.pt")  # 200 bytes of a weight: torch.load takes it
+    with pytest.raises(SystemExit, match=r"is damaged \(.*/data/\d+ fails its CRC-32 check\); restore it from a copy"):
+        run(total_timesteps=300, resume=flipped, **kw)
     state = {k: v for k, v in saved.items() if k not in ("priorities", "max_priority")}  # a uniform run's memory
     np.savez(rb.replay_path(first["checkpoint"], 200), **state)
     with pytest.raises(SystemExit, match="its replay memory holds no priorities .* add --uniform-replay"):

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import sarsa_lambda_silu_atari as sarsa
+from damage import flip_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "algos", "sarsa_lambda_silu_atari.py")
@@ -509,6 +510,7 @@ def test_bad_checkpoints_fail_with_one_line_before_anything_is_written(trained, 
     path = str(root / first["checkpoint"])
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(b"\x80\x04 this is not a checkpoint")
+    flipped = flip_bytes(path, tmp_path / "flipped.pt")  # 200 bytes of a weight tensor: torch.load would accept it
     other = tmp_path / "other.pt"
     torch.save({"format": "td_lambda_tetris/1"}, other)
     on_gpu, ckpt = tmp_path / "gpu.pt", torch.load(path, weights_only=True)  # as an older CUDA run wrote it
@@ -521,6 +523,7 @@ def test_bad_checkpoints_fail_with_one_line_before_anything_is_written(trained, 
         (dict(env_id="ALE/Pong-v5"), "game: checkpoint breakout vs requested pong"),
         (dict(total_episodes=3), "already at episode 3"),
         (dict(resume=str(corrupt)), "not a readable checkpoint"),
+        (dict(resume=flipped), "fails its CRC-32 check); restore it from a copy"),
         (dict(resume=str(other)), "not a sarsa_lambda_silu_atari checkpoint"),
         (dict(resume=str(tmp_path / "missing.pt")), "no such file"),
     ]

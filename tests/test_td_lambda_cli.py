@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import td_lambda_tetris as td
+from damage import flip_bytes
 from envs import tetris
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "algos", "td_lambda_tetris.py")
@@ -201,9 +202,11 @@ def test_bad_checkpoints_fail_with_one_line(tmp_path, monkeypatch):
     before = sorted(os.listdir("runs"))
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(b"\x80\x04 this is not a checkpoint")
+    flipped = flip_bytes(path, tmp_path / "flipped.pt")  # 200 bytes of a weight tensor: torch.load would accept it
     cases = [
         ({"resume": str(tmp_path / "missing.pt")}, "no such file"),
         ({"resume": str(corrupt)}, "not a readable checkpoint"),
+        ({"resume": flipped}, r"fails its CRC-32 check\); restore it from a copy"),
         ({"resume": path, "hidden": 20}, "another architecture"),
         ({"resume": path, "activation": "relu"}, "another architecture"),
         ({"resume": path, "num_runs": 3}, "holds 1 runs"),

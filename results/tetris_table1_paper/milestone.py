@@ -24,6 +24,9 @@ import sys
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from envs import exit_if_damaged  # noqa: E402
+
 BLOCK = 1000  # even, so that unpack's mean +- sd filling keeps a block's sum and square sum
 
 
@@ -33,6 +36,7 @@ def tail_start(episodes: np.ndarray) -> np.ndarray:
 
 
 def pack(ckpt_path: str, out: str):
+    exit_if_damaged(ckpt_path)
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     if "state" not in ckpt:
         raise SystemExit(f"error: {ckpt_path} has no resume state (written before checkpoints resumed exactly)")
@@ -64,6 +68,7 @@ def pack(ckpt_path: str, out: str):
 
 
 def unpack(path: str, out: str):
+    exit_if_damaged(path)
     z = np.load(path)
     meta = json.loads(str(z["meta"]))
     episodes, start, sums = z["episodes"], z["tail_start"], z["block_sums"]

@@ -24,13 +24,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "algos"))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
 import td_lambda_tetris as td  # noqa: E402
-from envs import tetris  # noqa: E402
+from envs import exit_if_damaged, tetris  # noqa: E402
 
 GAMES = 4
 
 
 def main(ckpt_path: str, steps: int = 500):
     torch.set_num_threads(1)
+    exit_if_damaged(ckpt_path)
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     n, acts = ckpt["num_runs"], ckpt["architecture"]["activation"].split("+")
     known = {k: v for k, v in ckpt["args"].items() if k in td.Args.__dataclass_fields__}

@@ -23,9 +23,13 @@ mean over its runs, and every run) to --out (default: this folder).
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from envs import exit_if_damaged  # noqa: E402
 
 BLOCK = 1000
 ORDER = ("dsilu", "sigmoid", "silu", "relu")  # the paper's ordering (Table 1)
@@ -38,6 +42,7 @@ ALPHA, RESAMPLES, PERMUTATIONS = 0.05, 10_000, 100_000
 def blocks(path: str) -> tuple[list[str], np.ndarray, np.ndarray, int, int]:
     """(activation of each run, score sum and square sum per run and complete 1,000-episode block, first seed, runs
     per activation) from a pack or a checkpoint."""
+    exit_if_damaged(path)
     if path.endswith(".npz"):
         z = np.load(path)
         meta = json.loads(str(z["meta"]))
