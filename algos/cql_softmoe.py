@@ -224,46 +224,75 @@ def validate(args: Args) -> str | None:
     dense = "needs an MoE; --moe none has a dense penultimate layer (use --moe softmoe or top1)"
     checks = [
         (atari.game_from_env_id(args.env_id) is None, atari.unknown_env_message(args.env_id)),
-        (not args.dataset_dir, "--dataset-dir is required: a DQN Replay Dataset run, or a folder written by "
-                               "benchmark/replay_to_dataset.py"),
+        (
+            not args.dataset_dir,
+            "--dataset-dir is required: a DQN Replay Dataset run, or a folder written by "
+            "benchmark/replay_to_dataset.py",
+        ),
         (not 0 < args.data_percent <= 100, f"--data-percent must lie in (0, 100], got {args.data_percent}"),
-        (parse_checkpoints(args.checkpoints) is None,
-         f"--checkpoints {args.checkpoints!r}: give 'all', a list like '0,1,7' or a range like '40-49'"),
+        (
+            parse_checkpoints(args.checkpoints) is None,
+            f"--checkpoints {args.checkpoints!r}: give 'all', a list like '0,1,7' or a range like '40-49'",
+        ),
         (not moe and args.num_experts is not None, f"--num-experts {dense}"),
         (not moe and args.tokenization is not None, f"--tokenization {dense}"),
-        (not moe and args.expert_width is not None, "--expert-width needs an MoE; widen the --moe none baseline with "
-                                                    "--width-multiplier"),
+        (
+            not moe and args.expert_width is not None,
+            "--expert-width needs an MoE; widen the --moe none baseline with --width-multiplier",
+        ),
         (moe and args.num_experts < 1, f"--num-experts must be at least 1, got {args.num_experts}"),
         (moe and args.expert_width < 1, f"--expert-width must be at least 1, got {args.expert_width}"),
-        (moe and args.width_multiplier != 1, "--width-multiplier widens the --moe none baseline; scale an MoE with "
-                                             "--num-experts"),
-        (args.moe != "softmoe" and (args.random_phi or args.moe_normalize),
-         "--random-phi and --moe-normalize act on Soft MoE's Phi; they need --moe softmoe"),
-        (args.moe != "top1" and args.load_balance_coef != 0,
-         "--load-balance-coef needs --moe top1 (Soft MoE has no router to balance)"),
-        (args.width_multiplier < 1 or args.load_balance_coef < 0,
-         "--width-multiplier must be at least 1 and --load-balance-coef non-negative"),
+        (
+            moe and args.width_multiplier != 1,
+            "--width-multiplier widens the --moe none baseline; scale an MoE with --num-experts",
+        ),
+        (
+            args.moe != "softmoe" and (args.random_phi or args.moe_normalize),
+            "--random-phi and --moe-normalize act on Soft MoE's Phi; they need --moe softmoe",
+        ),
+        (
+            args.moe != "top1" and args.load_balance_coef != 0,
+            "--load-balance-coef needs --moe top1 (Soft MoE has no router to balance)",
+        ),
+        (
+            args.width_multiplier < 1 or args.load_balance_coef < 0,
+            "--width-multiplier must be at least 1 and --load-balance-coef non-negative",
+        ),
         (min(args.batch_size, args.n_step) < 1, "--batch-size and --n-step must be at least 1"),
-        (args.learning_rate <= 0 or args.target_network_frequency < 1,
-         "--learning-rate and --target-network-frequency must be positive"),
-        (min(args.num_iterations, args.steps_per_iteration) < 1,
-         "--num-iterations and --steps-per-iteration must be at least 1"),
+        (
+            args.learning_rate <= 0 or args.target_network_frequency < 1,
+            "--learning-rate and --target-network-frequency must be positive",
+        ),
+        (
+            min(args.num_iterations, args.steps_per_iteration) < 1,
+            "--num-iterations and --steps-per-iteration must be at least 1",
+        ),
         (not 0 <= args.gamma <= 1, "--gamma must lie in [0, 1]"),
         (args.num_atoms < 1, f"--num-atoms must be at least 1 (1 = a scalar Q), got {args.num_atoms}"),
-        (args.num_atoms > 1 and args.v_min >= args.v_max,
-         f"--v-min ({args.v_min}) must be below --v-max ({args.v_max})"),
+        (
+            args.num_atoms > 1 and args.v_min >= args.v_max,
+            f"--v-min ({args.v_min}) must be below --v-max ({args.v_max})",
+        ),
         (args.cql_coef < 0, "--cql-coef must be >= 0"),
-        (min(args.eval_steps, args.eval_episodes) < 0 or args.eval_envs < 1,
-         "--eval-steps and --eval-episodes must be >= 0 and --eval-envs at least 1"),
-        (args.eval_steps == 0 and args.eval_episodes == 0,
-         "the evaluation needs a budget: --eval-steps N or --eval-episodes N"),
+        (
+            min(args.eval_steps, args.eval_episodes) < 0 or args.eval_envs < 1,
+            "--eval-steps and --eval-episodes must be >= 0 and --eval-envs at least 1",
+        ),
+        (
+            args.eval_steps == 0 and args.eval_episodes == 0,
+            "the evaluation needs a budget: --eval-steps N or --eval-episodes N",
+        ),
         (not 0 <= args.eval_epsilon <= 1, "--eval-epsilon must lie in [0, 1]"),
-        (args.device.startswith("cuda") and not torch.cuda.is_available(),
-         f"--device {args.device} asked for CUDA but torch sees no GPU; use --device cpu or auto"),
+        (
+            args.device.startswith("cuda") and not torch.cuda.is_available(),
+            f"--device {args.device} asked for CUDA but torch sees no GPU; use --device cpu or auto",
+        ),
         (args.track and not importlib.util.find_spec("wandb"), "--track needs wandb; `pip install wandb` or drop it"),
-        (args.capture_video and not importlib.util.find_spec("moviepy"),
-         "--capture-video needs moviepy; `pip install moviepy` or drop --capture-video"),
-    ]  # fmt: skip
+        (
+            args.capture_video and not importlib.util.find_spec("moviepy"),
+            "--capture-video needs moviepy; `pip install moviepy` or drop --capture-video",
+        ),
+    ]
     return next((message for failed, message in checks if failed), None)
 
 
@@ -271,8 +300,12 @@ def validate(args: Args) -> str | None:
 # Replay: the DQN Replay Dataset on disk (Dopamine's OutOfGraphReplayBuffer checkpoints), the rows it may sample
 # ----------------------------------------------------------------------------------------------------------------------
 # The four arrays of a checkpoint file and their (dtype, shape of one row); the files hold 1M rows in the real dataset
-STORE = {"observation": (np.uint8, FRAME_SHAPE), "action": (np.int32, ()), "reward": (np.float32, ()),
-         "terminal": (np.uint8, ())}  # fmt: skip
+STORE = {
+    "observation": (np.uint8, FRAME_SHAPE),
+    "action": (np.int32, ()),
+    "reward": (np.float32, ()),
+    "terminal": (np.uint8, ()),
+}
 REFETCH = "download it again, or write it again with benchmark/replay_to_dataset.py"
 
 
@@ -414,6 +447,9 @@ class OfflineReplay:
     (and below the file's write cursor if the file is not full), rows i-3..i+n do not straddle the write cursor, i is
     not in the file's invalid_range, and none of the rows i-3..i-1 is terminal (a terminal may only end a stack)."""
 
+    # the arrays the network reads of a state beside its frame stack (network_inputs gives them when acting)
+    INPUTS = ()
+
     def __init__(self, directory: str, files: list[CheckpointFile], n_step: int, to_end: bool = False):
         total = sum(f.rows for f in files)
         self.frames = np.empty((total,) + FRAME_SHAPE, dtype=np.uint8)
@@ -460,10 +496,20 @@ class OfflineReplay:
         length = np.where(terminal.any(1), terminal.argmax(1) + 1, n_step)
         inside = offsets[None, :] < length[:, None]
         returns = (self.rewards[i[:, None] + offsets] * gamma**offsets * inside).sum(1, dtype=np.float32)
-        stack = np.arange(1 - STACK, 1)
-        return {"states": self.frames[i[:, None] + stack], "next_states": self.frames[(i + length)[:, None] + stack],
-                "actions": self.actions[i], "rewards": returns, "terminals": terminal.any(1).astype(np.float32),
-                "rows": i}  # fmt: skip
+        return {
+            "states": self.inputs(i),
+            "next_states": self.inputs(i + length),
+            "actions": self.actions[i],
+            "rewards": returns,
+            "terminals": terminal.any(1).astype(np.float32),
+            "rows": i,
+        }
+
+    def inputs(self, i: np.ndarray) -> dict[str, np.ndarray]:
+        """The network's inputs for the states at rows `i`: the frame stacks and the INPUTS arrays."""
+        return {"obs": self.frames[i[:, None] + np.arange(1 - STACK, 1)]} | {
+            k: getattr(self, k)[i] for k in self.INPUTS
+        }
 
 
 def physical_memory_bytes() -> int:
@@ -476,22 +522,29 @@ def load_dataset(args: Args, num_actions: int) -> OfflineReplay:
     row_bytes = FRAME_SHAPE[0] * FRAME_SHAPE[1] + 8 + 4 + 1 + 8  # frame, action, reward, terminal, sample index
     rows, available = sum(f.rows for f in files), physical_memory_bytes()
     needed = rows * row_bytes
-    print(f"dataset: {len(files)} checkpoint file(s) {files[0].index}..{files[-1].index} of {directory}, the first "
-          f"{args.data_percent:g}% of each = {rows:,} rows, {needed / 1e9:.2f} GB in memory (this machine: "
-          f"{available / 1e9:.1f} GB)", flush=True)  # fmt: skip
+    print(
+        f"dataset: {len(files)} checkpoint file(s) {files[0].index}..{files[-1].index} of {directory}, the first "
+        f"{args.data_percent:g}% of each = {rows:,} rows, {needed / 1e9:.2f} GB in memory (this machine: "
+        f"{available / 1e9:.1f} GB)",
+        flush=True,
+    )
     if needed + 2**30 > available:
         fits = max(int((available - 2**30) // (needed / len(files))), 0)  # whole files that would fit
         fewer = f" or read fewer files, e.g. --checkpoints {files[0].index}-{files[0].index + fits - 1}" if fits else ""
-        raise DatasetError(f"the chosen subset needs {needed / 1e9:.1f} GB plus 1 GB headroom but this machine has "
-                           f"{available / 1e9:.1f} GB; lower --data-percent{fewer}")  # fmt: skip
+        raise DatasetError(
+            f"the chosen subset needs {needed / 1e9:.1f} GB plus 1 GB headroom but this machine has "
+            f"{available / 1e9:.1f} GB; lower --data-percent{fewer}"
+        )
     t_read = time.perf_counter()
     replay = OfflineReplay(directory, files, args.n_step, args.verify_dataset)
     if args.verify_dataset:
         seconds = time.perf_counter() - t_read
         print(f"dataset: --verify-dataset read every file to its end (CRC-32 checked) in {fmt_time(seconds)}")
     if replay.actions.max(initial=0) >= num_actions:
-        raise DatasetError(f"{directory}: actions up to {int(replay.actions.max())} but {args.env_id} has "
-                           f"{num_actions}; is --env-id the dataset's game?")  # fmt: skip
+        raise DatasetError(
+            f"{directory}: actions up to {int(replay.actions.max())} but {args.env_id} has "
+            f"{num_actions}; is --env-id the dataset's game?"
+        )
     return replay
 
 
@@ -593,11 +646,13 @@ def tokenize(features: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 class Experts(nn.Module):
-    """n independent experts f_e(x) = Dense(ReLU(Dense(x))): d -> width -> d, xavier_uniform kernels, zero biases,
-    stacked on a leading expert axis. (B, n, slots, d) -> outputs (B, n, slots, d), hidden (B, n, slots, width)."""
+    """n = cfg.num_experts independent experts f_e(x) = Dense(ReLU(Dense(x))): d -> width -> d (width =
+    cfg.expert_width), xavier_uniform kernels, zero biases, stacked on a leading expert axis. (B, n, slots, d) ->
+    outputs (B, n, slots, d), hidden (B, n, slots, width)."""
 
-    def __init__(self, num_experts: int, dim: int, width: int):
+    def __init__(self, cfg: Network, dim: int):
         super().__init__()
+        num_experts, width = cfg.num_experts, cfg.expert_width
         self.w1 = nn.Parameter(torch.empty(num_experts, dim, width))
         self.b1 = nn.Parameter(torch.zeros(num_experts, width))
         self.w2 = nn.Parameter(torch.empty(num_experts, width, dim))
@@ -639,22 +694,24 @@ def soft_moe(tokens: torch.Tensor, phi: torch.Tensor, experts, scale: torch.Tens
 
 class SoftMoE(nn.Module):
     """Phi (d, n, p) with p = ceil(m / n) slots per expert, lecun_normal with fan_in n*d as Flax computes it for a 3-D
-    kernel; the scalar (init 1) is always created but only used with normalisation, as in the reference."""
+    kernel; the scalar (init 1) is always created but only used with normalisation, as in the reference. Its options
+    (num_experts, expert_width, random_phi, moe_normalize) are read from `cfg`, the Network options."""
 
-    def __init__(self, dim, num_tokens, num_experts, width, random_phi=False, normalize=False):
+    def __init__(self, cfg: Network, dim: int, num_tokens: int):
         super().__init__()
-        self.slots = -(-num_tokens // num_experts)
-        self.phi_shape = (dim, num_experts, self.slots)
-        self.random_phi, self.normalize = random_phi, normalize
-        self.phi = None if random_phi else nn.Parameter(lecun_normal_(torch.empty(self.phi_shape), num_experts * dim))
+        self.cfg = cfg
+        self.slots = -(-num_tokens // cfg.num_experts)
+        self.phi_shape = (dim, cfg.num_experts, self.slots)
+        fan_in = cfg.num_experts * dim
+        self.phi = None if cfg.random_phi else nn.Parameter(lecun_normal_(torch.empty(self.phi_shape), fan_in))
         self.scalar = nn.Parameter(torch.ones(1))
-        self.experts = Experts(num_experts, dim, width)
+        self.experts = Experts(cfg, dim)
 
     def forward(self, tokens):
         phi = self.phi
-        if self.random_phi:  # a fresh N(0, 1) Phi for every sample of every call, as the reference's per-sample keys
+        if self.cfg.random_phi:  # a fresh N(0, 1) Phi for every sample of every call (the reference's per-sample keys)
             phi = torch.randn((tokens.shape[0],) + self.phi_shape, device=tokens.device)
-        scale = self.scalar if self.normalize else None
+        scale = self.scalar if self.cfg.moe_normalize else None
         outputs, dispatch, combine, hidden = soft_moe(tokens, phi, self.experts, scale)
         return outputs, {"dispatch": dispatch, "combine": combine, "hidden": hidden, "tokens": tokens}
 
@@ -671,13 +728,14 @@ def top1_route(probs: torch.Tensor, capacity: int):
 class Top1MoE(nn.Module):
     """Router Dense(n) without bias (lecun_normal), softmax, top-1; expert capacity C = ceil(m / n); the first C tokens
     routed to an expert (in token order) are kept, unused capacity slots are zeros that still pass through the expert,
-    an overflowing token outputs zero; kept outputs are scaled by the gate probability."""
+    an overflowing token outputs zero; kept outputs are scaled by the gate probability. Options from `cfg`."""
 
-    def __init__(self, dim, num_tokens, num_experts, width):
+    def __init__(self, cfg: Network, dim: int, num_tokens: int):
         super().__init__()
-        self.capacity = -(-num_tokens // num_experts)
-        self.router = nn.Parameter(lecun_normal_(torch.empty(dim, num_experts), dim))
-        self.experts = Experts(num_experts, dim, width)
+        self.cfg = cfg
+        self.capacity = -(-num_tokens // cfg.num_experts)
+        self.router = nn.Parameter(lecun_normal_(torch.empty(dim, cfg.num_experts), dim))
+        self.experts = Experts(cfg, dim)
 
     def forward(self, tokens):
         B, m, d = tokens.shape
@@ -718,9 +776,10 @@ def load_balancing_loss(aux: dict, num_experts: int) -> torch.Tensor:
 
 
 class QNetwork(nn.Module):
-    """uint8 stacks (B, 4, 84, 84) / 255 -> encoder -> [Dense(512 k) + ReLU | tokens -> MoE -> flatten] -> [dueling]
-    heads -> logits (B, A, N) -> Q = sum_i z_i softmax(logits)_i (the single logit when N = 1). Built from the Network
-    options of `args` (and --bf16)."""
+    """inputs["obs"], uint8 stacks (B, 4, 84, 84), / 255 -> encoder -> [Dense(512 k) + ReLU | tokens -> MoE -> flatten]
+    -> [dueling] heads -> logits (B, A, N) -> Q = sum_i z_i softmax(logits)_i (the single logit when N = 1). Built from
+    the Network options of `args` (and --bf16); `inputs` is the mapping that OfflineReplay.inputs and network_inputs
+    build, the one place that names what the network reads."""
 
     def __init__(self, num_actions: int, args: Args):
         super().__init__()
@@ -734,11 +793,7 @@ class QNetwork(nn.Module):
             head_inputs = 512 * args.width_multiplier
         else:
             num_tokens, dim = tokenize(features, args.tokenization).shape[1:]
-            if args.moe == "softmoe":
-                self.moe = SoftMoE(dim, num_tokens, args.num_experts, args.expert_width, args.random_phi,
-                                   args.moe_normalize)  # fmt: skip
-            else:
-                self.moe = Top1MoE(dim, num_tokens, args.num_experts, args.expert_width)
+            self.moe = (SoftMoE if args.moe == "softmoe" else Top1MoE)(args, dim, num_tokens)
             head_inputs = num_tokens * dim  # the output tokens are flattened, no pooling
         if self.dueling:
             self.value = xavier_layer(nn.Linear(head_inputs, self.num_atoms))
@@ -747,7 +802,8 @@ class QNetwork(nn.Module):
             self.head = xavier_layer(nn.Linear(head_inputs, num_actions * self.num_atoms))
         self.register_buffer("support", torch.linspace(args.v_min, args.v_max, self.num_atoms))  # z_i
 
-    def forward(self, x: torch.Tensor, return_aux: bool = False):
+    def forward(self, inputs: dict[str, torch.Tensor], return_aux: bool = False):
+        x = inputs["obs"]
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):  # --bf16: the convolutions
             features = self.encoder(x.float() / 255.0).float()  # (B, d, h, w)
         if self.moe_kind == "none":
@@ -783,14 +839,23 @@ def architecture(args: Args) -> dict:
 # ----------------------------------------------------------------------------------------------------------------------
 # CQL: acting, the C51 projection, the CQL penalty, the loss, one update, the online evaluation
 # ----------------------------------------------------------------------------------------------------------------------
-def select_actions(q_net, obs: np.ndarray, epsilon: float, rng: np.random.Generator, num_actions: int, device):
-    """epsilon-greedy per environment; the network only sees the environments that act greedily."""
-    actions = rng.integers(0, num_actions, size=len(obs))
-    greedy = rng.random(len(obs)) > epsilon  # Dopamine explores when u <= epsilon
+def network_inputs(obs: np.ndarray, tracker: atari.EpisodeTracker) -> dict[str, np.ndarray]:
+    """The network's inputs for every environment's current step, built from what the evaluation loop tracks (the
+    stacks, and the tracker's episode counters): what OfflineReplay.inputs gives for a stored state."""
+    return {"obs": obs}
+
+
+def select_actions(q_net, inputs: dict, epsilon: float, rng: np.random.Generator, num_actions: int, device):
+    """epsilon-greedy per environment; the network only sees the environments that act greedily. Returns the actions
+    and the acting step's diagnostics."""
+    num_envs = len(next(iter(inputs.values())))
+    actions = rng.integers(0, num_actions, size=num_envs)
+    greedy = rng.random(num_envs) > epsilon  # Dopamine explores when u <= epsilon
     if greedy.any():
         with torch.inference_mode():
-            actions[greedy] = q_net(torch.from_numpy(obs[greedy]).to(device)).argmax(1).cpu().numpy()
-    return actions.astype(np.int32)
+            acting = {k: torch.from_numpy(v[greedy]).to(device) for k, v in inputs.items()}
+            actions[greedy] = q_net(acting).argmax(1).cpu().numpy()
+    return actions.astype(np.int32), {"epsilon": epsilon}
 
 
 def project_distribution(target_support: torch.Tensor, probs: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
@@ -812,8 +877,8 @@ def cql_loss(q_net, target_net, batch: dict, args: Args):
     target (cql), or the C51 cross-entropy against the projected double-DQN target (cql-c51), whose CQL term takes the
     expected Q-values (+ the weighted load-balancing losses for top1). Returns the loss and its metrics, with the
     per-sample loss (TD + alpha penalty) and the network's activations (`aux`)."""
-    states, next_states = batch["states"], batch["next_states"]
-    rows, actions = torch.arange(len(states), device=states.device), batch["actions"]
+    states, next_states, actions = batch["states"], batch["next_states"], batch["actions"]
+    rows = torch.arange(len(actions), device=actions.device)
     discount = args.gamma**args.n_step * (1.0 - batch["terminals"])  # gamma^n (1 - terminal)
     with torch.no_grad():
         next_q, next_aux = target_net(next_states, return_aux=True)
@@ -834,8 +899,12 @@ def cql_loss(q_net, target_net, batch: dict, args: Args):
     penalty = cql_penalty(q, actions)  # on the expected Q-values
     per_sample = td + args.cql_coef * penalty
     load_balance_loss = load_balancing_loss(aux, args.num_experts) if args.load_balance_coef > 0 else torch.zeros(())
-    metrics = {"td_loss": td.detach().mean(), "cql_penalty": penalty.detach().mean(),
-               "load_balance_loss": load_balance_loss.detach(), "q_values": q_taken.detach().mean()}  # fmt: skip
+    metrics = {
+        "td_loss": td.detach().mean(),
+        "cql_penalty": penalty.detach().mean(),
+        "load_balance_loss": load_balance_loss.detach(),
+        "q_values": q_taken.detach().mean(),
+    }
     loss = per_sample.mean() + args.load_balance_coef * load_balance_loss
     return loss, metrics | {"per_sample_loss": per_sample, "aux": aux}
 
@@ -846,8 +915,10 @@ def make_optimizer(q_net, args: Args) -> torch.optim.Adam:
 
 
 def train_step(q_net, target_net, optimizer, batch: dict, args: Args) -> dict:
-    """One update on a batch of tensors: the loss, backward, Adam. Returns the loss's metrics and, for a learned Phi,
-    the RMS of its gradient (to compare with Adam's eps) and its norm."""
+    """One update on a batch of tensors: the loss, backward, Adam, with the online network in train mode (the target
+    stays in eval mode: main). Returns the loss's metrics and, for a learned Phi, the RMS of its gradient (to compare
+    with Adam's eps) and its norm."""
+    q_net.train()
     loss, metrics = cql_loss(q_net, target_net, batch, args)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -857,19 +928,32 @@ def train_step(q_net, target_net, optimizer, batch: dict, args: Args) -> dict:
     return metrics
 
 
-def to_tensors(batch: dict, device) -> dict[str, torch.Tensor]:
-    return {k: torch.from_numpy(v).to(device) for k, v in batch.items()}
+def to_tensors(batch: dict, device) -> dict:
+    """Every array of a batch as a tensor on `device`, those of its input mappings (states, next_states) too."""
+    return {
+        k: to_tensors(v, device) if isinstance(v, dict) else torch.from_numpy(v).to(device) for k, v in batch.items()
+    }
 
 
 def evaluate(q_net, args: Args, rom: str, device, rng: np.random.Generator, video_path: str | None = None) -> list:
     """Dopamine's evaluation phase (envs/atari.py), in parallel: --eval-envs games until their agent steps add up to
     --eval-steps, keeping the games that end within the budget; or (--eval-episodes) one game per environment, each to
     its end. epsilon-greedy at --eval-epsilon, the no-op starts of the protocol. Returns the (return, length) of the
-    games kept; with `video_path`, env 0's first game (what the agent sees) is written there as mp4."""
-    act = lambda obs: select_actions(q_net, obs, args.eval_epsilon, rng, q_net.num_actions, device)  # noqa: E731
+    games kept; with `video_path`, env 0's first game (what the agent sees) is written there as mp4. The network acts
+    in eval mode (a dropout fork's mean network) and is back in train mode after."""
+
+    def act(obs, tracker, live):
+        inputs = {k: v[live] for k, v in network_inputs(obs, tracker).items()}
+        return select_actions(q_net, inputs, args.eval_epsilon, rng, q_net.num_actions, device)[0]
+
     budget, num_envs = (None, args.eval_episodes) if args.eval_episodes else (args.eval_steps, args.eval_envs)
-    frames = args.max_episode_frames
-    return atari.evaluate(act, args.protocol, rom, num_envs, frames, args.seed, rng, budget, video_path)
+    q_net.eval()
+    try:
+        return atari.evaluate(
+            act, args.protocol, rom, num_envs, args.max_episode_frames, args.seed, rng, budget, video_path
+        )
+    finally:
+        q_net.train()
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -903,7 +987,7 @@ def main(args: Args) -> dict:
     q_net = build_network(args, num_actions).to(device, memory_format=torch.channels_last)
     target_net = build_network(args, num_actions).to(device, memory_format=torch.channels_last)
     target_net.load_state_dict(q_net.state_dict())
-    target_net.requires_grad_(False)
+    target_net.requires_grad_(False).eval()  # the target is the mean network (a dropout fork's too)
     optimizer = make_optimizer(q_net, args)
     updates, evaluations = 0, []
     if ckpt is not None:
@@ -954,24 +1038,42 @@ class Run:
         if args.track:
             import wandb
 
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=vars(args), name=self.run_name, save_code=True)  # fmt: skip
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=vars(args),
+                name=self.run_name,
+                save_code=True,
+            )
         self.writer = SummaryWriter(self.run_dir)
         table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
         self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
         parts = {name: count_parameters(child) for name, child in q_net.named_children()}
         resumed = f"; resuming at gradient step {updates:,}" if updates else ""
-        print(f"{self.run_name}: {args.agent}, {args.moe} on the {args.encoder} encoder, {sum(parts.values()):,} "
-              f"parameters {parts}, {replay.num_transitions:,} transitions to sample from, device {device}"
-              f"{resumed}")  # fmt: skip
-        dataset = dict(rows=len(replay.frames), transitions_sampled_from=replay.num_transitions,
-                       episode_ends=replay.episodes_started, loading_path="Dopamine's fixed-replay path: the first "
-                       "--data-percent rows of every checkpoint file")  # fmt: skip
+        print(
+            f"{self.run_name}: {args.agent}, {args.moe} on the {args.encoder} encoder, {sum(parts.values()):,} "
+            f"parameters {parts}, {replay.num_transitions:,} transitions to sample from, device {device}"
+            f"{resumed}"
+        )
+        dataset = dict(
+            rows=len(replay.frames),
+            transitions_sampled_from=replay.num_transitions,
+            episode_ends=replay.episodes_started,
+            loading_path="Dopamine's fixed-replay path: the first --data-percent rows of every checkpoint file",
+        )
         self.summary = dict(
-            args=asdict(args), run_name=self.run_name, code=code_version(), device=str(device), game=self.game,
-            num_parameters=sum(parts.values()), parameters_by_part=parts, dataset=dataset,
-            behaviour_policy=behaviour_policy_score(args.dataset_dir, rom), start_updates=updates,
-        )  # fmt: skip
+            args=asdict(args),
+            run_name=self.run_name,
+            code=code_version(),
+            device=str(device),
+            game=self.game,
+            num_parameters=sum(parts.values()),
+            parameters_by_part=parts,
+            dataset=dataset,
+            behaviour_policy=behaviour_policy_score(args.dataset_dir, rom),
+            start_updates=updates,
+        )
 
     def log_step(self, updates, metrics):
         """The progress line and the periodic outputs."""
@@ -984,13 +1086,20 @@ class Run:
             writer.add_scalar("charts/gradient_steps_per_second", sps, updates)
             total, spi = args.num_iterations * args.steps_per_iteration, args.steps_per_iteration
             timed = len(self.evaluations) - self.start_updates // spi  # the evaluations of this segment
-            left = eta(total - updates, sps, args.num_iterations - updates // spi,
-                       self.eval_seconds / timed if timed > 0 else None)  # fmt: skip
+            left = eta(
+                total - updates,
+                sps,
+                args.num_iterations - updates // spi,
+                self.eval_seconds / timed if timed > 0 else None,
+            )
             td, penalty = (self.losses.get(k, float("nan")) for k in ("td_loss", "cql_penalty"))
             last = f"{self.evaluations[-1]['mean_return']:.1f}" if self.evaluations else "-"
-            print(f"iteration {min(updates // spi + 1, args.num_iterations)}/{args.num_iterations} | gradient step "
-                  f"{updates:,}/{total:,} | {sps:,.1f} steps/s | td loss {td:.4f} | cql penalty {penalty:.3f} | "
-                  f"last evaluation {last} | {left}", flush=True)  # fmt: skip
+            print(
+                f"iteration {min(updates // spi + 1, args.num_iterations)}/{args.num_iterations} | gradient step "
+                f"{updates:,}/{total:,} | {sps:,.1f} steps/s | td loss {td:.4f} | cql penalty {penalty:.3f} | "
+                f"last evaluation {last} | {left}",
+                flush=True,
+            )
             self.t_log = now
         if now - self.t_write >= 60 * args.write_every_minutes:
             self.write_outputs(updates, complete=False)
@@ -1006,18 +1115,27 @@ class Run:
         returns, lengths = np.array([r for r, _ in games], dtype=np.float64), [n for _, n in games]
         mean = float(returns.mean()) if games else float("nan")
         hns = atari.human_normalized(mean, self.rom)
-        self.evaluations.append({
-            "iteration": updates // self.args.steps_per_iteration, "updates": updates, "episodes": len(games),
-            "mean_return": mean, "std_return": float(returns.std()) if games else float("nan"),
-            "human_normalized_score": hns, "mean_length": float(np.mean(lengths)) if games else float("nan"),
-            "seconds": seconds,
-        })  # fmt: skip
+        self.evaluations.append(
+            {
+                "iteration": updates // self.args.steps_per_iteration,
+                "updates": updates,
+                "episodes": len(games),
+                "mean_return": mean,
+                "std_return": float(returns.std()) if games else float("nan"),
+                "human_normalized_score": hns,
+                "mean_length": float(np.mean(lengths)) if games else float("nan"),
+                "seconds": seconds,
+            }
+        )
         self.eval_seconds += seconds
         self.writer.add_scalar("eval/mean_return", mean, updates)
         if hns is not None:
             self.writer.add_scalar("eval/human_normalized_score", hns, updates)
-        print(f"iteration {self.evaluations[-1]['iteration']}: {len(games)} evaluation games, mean return {mean:.1f}, "
-              f"human-normalised {hns if hns is None else round(hns, 3)}, {seconds:.0f} s", flush=True)  # fmt: skip
+        print(
+            f"iteration {self.evaluations[-1]['iteration']}: {len(games)} evaluation games, mean return {mean:.1f}, "
+            f"human-normalised {hns if hns is None else round(hns, 3)}, {seconds:.0f} s",
+            flush=True,
+        )
         self.write_outputs(updates, complete=False)
         self.t_write = time.time()
 
@@ -1026,13 +1144,19 @@ class Run:
         args, evaluations, elapsed = self.args, self.evaluations, time.time() - self.t_start
         done, last = updates - self.start_updates, evaluations[-1] if evaluations else {}
         self.summary.update(
-            complete=complete, updates=updates, iterations=len(evaluations), wall_time=elapsed,
+            complete=complete,
+            updates=updates,
+            iterations=len(evaluations),
+            wall_time=elapsed,
             gradient_steps_per_second=done / max(elapsed - self.eval_seconds, 1e-9),
             # the sampler's own rate: how many batches it could deliver per second, against the learner's consumption
             sampler_batches_per_second=done / self.sample_seconds if self.sample_seconds else None,
-            eval_mean_return=last.get("mean_return"), eval_human_normalized_score=last.get("human_normalized_score"),
-            evaluations=evaluations, random_human_scores=atari.RANDOM_HUMAN_SCORES.get(self.game), losses=self.losses,
-        )  # fmt: skip
+            eval_mean_return=last.get("mean_return"),
+            eval_human_normalized_score=last.get("human_normalized_score"),
+            evaluations=evaluations,
+            random_human_scores=atari.RANDOM_HUMAN_SCORES.get(self.game),
+            losses=self.losses,
+        )
         keys = ("iteration", "updates", "mean_return", "human_normalized_score", "episodes")
         with open(os.path.join(self.run_dir, "eval_curve.csv"), "w", newline="") as f:
             header = ("iteration", "gradient_steps", "mean_return", "human_normalized_score", "episodes")
@@ -1040,10 +1164,16 @@ class Run:
         self.plot_evaluations(os.path.join(self.run_dir, "eval_curve.png"))
         if args.save_model:
             path = os.path.join(self.run_dir, f"{SCRIPT}.pt")
-            state = {"q_net": self.q_net.state_dict(), "target_net": self.target_net.state_dict(),
-                     "optimizer": self.optimizer.state_dict(), "updates": updates, "evaluations": evaluations,
-                     "numpy_rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
-                     "cuda_rng": cuda_rng_state(self.q_net)}  # fmt: skip
+            state = {
+                "q_net": self.q_net.state_dict(),
+                "target_net": self.target_net.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "updates": updates,
+                "evaluations": evaluations,
+                "numpy_rng": self.rng.bit_generator.state,
+                "torch_rng": torch.get_rng_state(),
+                "cuda_rng": cuda_rng_state(self.q_net),
+            }
             save_checkpoint(path, args, state)
             self.summary["checkpoint"] = path
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
@@ -1059,8 +1189,13 @@ class Run:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        ax.plot([e["iteration"] for e in self.evaluations], [e["mean_return"] for e in self.evaluations], "ko-", ms=3,
-                label=f"{self.args.agent}, {self.args.moe}")  # fmt: skip
+        ax.plot(
+            [e["iteration"] for e in self.evaluations],
+            [e["mean_return"] for e in self.evaluations],
+            "ko-",
+            ms=3,
+            label=f"{self.args.agent}, {self.args.moe}",
+        )
         if self.game in atari.RANDOM_HUMAN_SCORES:
             low, human = atari.RANDOM_HUMAN_SCORES[self.game]
             ax.axhline(low, color="gray", ls=":", label=f"random ({low:g})")
@@ -1082,9 +1217,11 @@ class Run:
         self.write_outputs(updates, complete)
         hns, mean_return = self.summary["eval_human_normalized_score"], self.summary["eval_mean_return"]
         mean, hns = "-" if mean_return is None else f"{mean_return:.1f}", hns if hns is None else round(hns, 3)
-        print(f"done: {updates:,} gradient steps, {len(self.evaluations)} iterations, last evaluation {mean}, "
-              f"human-normalised {hns}, {self.summary['gradient_steps_per_second']:,.1f} gradient steps/s (sampler: "
-              f"{self.summary['sampler_batches_per_second'] or 0:,.0f} batches/s)")  # fmt: skip
+        print(
+            f"done: {updates:,} gradient steps, {len(self.evaluations)} iterations, last evaluation {mean}, "
+            f"human-normalised {hns}, {self.summary['gradient_steps_per_second']:,.1f} gradient steps/s (sampler: "
+            f"{self.summary['sampler_batches_per_second'] or 0:,.0f} batches/s)"
+        )
         self.writer.close()
         if self.args.track:
             import wandb
@@ -1114,8 +1251,9 @@ def read_checkpoint(args: Args) -> dict:
     def selection(k: str, v):  # what the value selects: "0-2" and "0,1,2" are one selection
         return parse_checkpoints(v) if k == "checkpoints" else v
 
-    if data := [f"--{k.replace('_', '-')} {v}" for k, v in trained.items()
-                if selection(k, v) != selection(k, getattr(args, k))]:  # fmt: skip
+    if data := [
+        f"--{k.replace('_', '-')} {v}" for k, v in trained.items() if selection(k, v) != selection(k, getattr(args, k))
+    ]:
         raise ValueError(f"--resume {args.resume!r} was trained on another part of the data; pass " + " ".join(data))
     if ckpt["updates"] >= args.num_iterations * args.steps_per_iteration:
         raise ValueError(f"--resume {args.resume!r} has done all {ckpt['updates']:,} steps; raise --num-iterations")

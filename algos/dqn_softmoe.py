@@ -182,42 +182,74 @@ def validate(args: Args) -> str | None:
         (atari.game_from_env_id(args.env_id) is None, atari.unknown_env_message(args.env_id)),
         (not moe and args.num_experts is not None, f"--num-experts {dense}"),
         (not moe and args.tokenization is not None, f"--tokenization {dense}"),
-        (not moe and args.expert_width is not None, "--expert-width needs an MoE; widen the --moe none baseline with "
-                                                    "--width-multiplier"),
+        (
+            not moe and args.expert_width is not None,
+            "--expert-width needs an MoE; widen the --moe none baseline with --width-multiplier",
+        ),
         (moe and args.num_experts < 1, f"--num-experts must be at least 1, got {args.num_experts}"),
         (moe and args.expert_width < 1, f"--expert-width must be at least 1, got {args.expert_width}"),
-        (moe and args.width_multiplier != 1, "--width-multiplier widens the --moe none baseline; scale an MoE with "
-                                             "--num-experts"),
-        (args.moe != "softmoe" and (args.random_phi or args.moe_normalize),
-         "--random-phi and --moe-normalize act on Soft MoE's Phi; they need --moe softmoe"),
-        (args.phi_adam_eps is not None and (args.moe != "softmoe" or args.random_phi or not args.phi_adam_eps > 0),
-         "--phi-adam-eps sets a positive eps for Soft MoE's learned Phi; it needs --moe softmoe without --random-phi"),
-        (args.moe != "top1" and args.load_balance_coef != 0,
-         "--load-balance-coef needs --moe top1 (Soft MoE has no router to balance)"),
-        (args.width_multiplier < 1 or args.load_balance_coef < 0,
-         "--width-multiplier must be at least 1 and --load-balance-coef non-negative"),
-        (min(args.num_envs, args.batch_size, args.n_step) < 1, "--num-envs, --batch-size and --n-step must be at "
-                                                               "least 1"),
-        (min(args.replay_ratio, args.learning_rate, args.target_network_frequency) <= 0,
-         "--replay-ratio, --learning-rate and --target-network-frequency must be positive"),
-        (min(args.total_timesteps, args.epsilon_decay_steps, args.iteration_steps) < 1,
-         "--total-timesteps, --epsilon-decay-steps and --iteration-steps must be positive"),
+        (
+            moe and args.width_multiplier != 1,
+            "--width-multiplier widens the --moe none baseline; scale an MoE with --num-experts",
+        ),
+        (
+            args.moe != "softmoe" and (args.random_phi or args.moe_normalize),
+            "--random-phi and --moe-normalize act on Soft MoE's Phi; they need --moe softmoe",
+        ),
+        (
+            args.phi_adam_eps is not None and (args.moe != "softmoe" or args.random_phi or not args.phi_adam_eps > 0),
+            "--phi-adam-eps sets a positive eps for Soft MoE's learned Phi; it needs --moe softmoe without "
+            "--random-phi",
+        ),
+        (
+            args.moe != "top1" and args.load_balance_coef != 0,
+            "--load-balance-coef needs --moe top1 (Soft MoE has no router to balance)",
+        ),
+        (
+            args.width_multiplier < 1 or args.load_balance_coef < 0,
+            "--width-multiplier must be at least 1 and --load-balance-coef non-negative",
+        ),
+        (
+            min(args.num_envs, args.batch_size, args.n_step) < 1,
+            "--num-envs, --batch-size and --n-step must be at least 1",
+        ),
+        (
+            min(args.replay_ratio, args.learning_rate, args.target_network_frequency) <= 0,
+            "--replay-ratio, --learning-rate and --target-network-frequency must be positive",
+        ),
+        (
+            min(args.total_timesteps, args.epsilon_decay_steps, args.iteration_steps) < 1,
+            "--total-timesteps, --epsilon-decay-steps and --iteration-steps must be positive",
+        ),
         (min(args.learning_starts, args.snapshot_every) < 0, "--learning-starts and --snapshot-every must be >= 0"),
         (not (0 <= args.gamma <= 1 and 0 <= args.end_e <= 1), "--gamma and --end-e must lie in [0, 1]"),
-        (args.checkpoint_replay and not args.save_model,
-         "--checkpoint-replay saves the replay memory with the checkpoint; add --save-model"),
-        (rows < 2 * STACK + args.n_step,
-         f"--buffer-size {args.buffer_size} is too small: it needs {2 * STACK + args.n_step} rows per environment"),
-        (memory + 2**30 > available, f"--buffer-size {args.buffer_size:,} needs {memory / 1e9:.1f} GB of replay memory "
-         f"plus 1 GB headroom, but this machine has {available / 1e9:.1f} GB; lower --buffer-size"),
-        (args.device.startswith("cuda") and not torch.cuda.is_available(),
-         f"--device {args.device} asked for CUDA but torch sees no GPU; use --device cpu or auto"),
-        (args.cuda_graph and (args.device == "cpu" or not torch.cuda.is_available()),
-         "--cuda-graph records CUDA graphs and needs a GPU; drop it on a CPU"),
+        (
+            args.checkpoint_replay and not args.save_model,
+            "--checkpoint-replay saves the replay memory with the checkpoint; add --save-model",
+        ),
+        (
+            rows < 2 * STACK + args.n_step,
+            f"--buffer-size {args.buffer_size} is too small: it needs {2 * STACK + args.n_step} rows per environment",
+        ),
+        (
+            memory + 2**30 > available,
+            f"--buffer-size {args.buffer_size:,} needs {memory / 1e9:.1f} GB of replay memory "
+            f"plus 1 GB headroom, but this machine has {available / 1e9:.1f} GB; lower --buffer-size",
+        ),
+        (
+            args.device.startswith("cuda") and not torch.cuda.is_available(),
+            f"--device {args.device} asked for CUDA but torch sees no GPU; use --device cpu or auto",
+        ),
+        (
+            args.cuda_graph and (args.device == "cpu" or not torch.cuda.is_available()),
+            "--cuda-graph records CUDA graphs and needs a GPU; drop it on a CPU",
+        ),
         (args.track and not importlib.util.find_spec("wandb"), "--track needs wandb; `pip install wandb` or drop it"),
-        (args.capture_video and not importlib.util.find_spec("moviepy"),
-         "--capture-video needs moviepy; `pip install moviepy` or drop --capture-video"),
-    ]  # fmt: skip
+        (
+            args.capture_video and not importlib.util.find_spec("moviepy"),
+            "--capture-video needs moviepy; `pip install moviepy` or drop --capture-video",
+        ),
+    ]
     return next((message for failed, message in checks if failed), None)
 
 
@@ -233,8 +265,16 @@ class FrameReplay:
     rows t..t+L-1, L = n or up to the first terminal; all of them must be valid."""
 
     # what a row holds, name: (dtype, shape of one env's entry); the arrays, add, the checkpoint files derive from it
-    FIELDS = {"frames": (np.uint8, FRAME_SHAPE), "actions": (np.uint8, ()), "rewards": (np.float32, ()),
-              "terminals": (bool, ()), "valid": (bool, ()), "history": (np.uint8, ())}  # fmt: skip
+    FIELDS = {
+        "frames": (np.uint8, FRAME_SHAPE),
+        "actions": (np.uint8, ()),
+        "rewards": (np.float32, ()),
+        "terminals": (bool, ()),
+        "valid": (bool, ()),
+        "history": (np.uint8, ()),
+    }
+    # the fields the network reads of a state beside its frame stack (network_inputs gives them when acting)
+    INPUTS = ()
     BYTES_PER_TRANSITION = sum(np.dtype(dtype).itemsize * math.prod(shape) for dtype, shape in FIELDS.values())
 
     def __init__(self, capacity: int, num_envs: int):
@@ -297,11 +337,26 @@ class FrameReplay:
         else:
             raise RuntimeError("the replay memory holds no complete transition yet")
         age, env = np.concatenate(ages)[:batch_size], np.concatenate(envs)[:batch_size]
+        return self.transitions(age, env, n_step, gamma)
+
+    def inputs(self, age: np.ndarray, env: np.ndarray) -> dict[str, np.ndarray]:
+        """The network's inputs for the states at rows `age` of envs `env`: the frame stacks and the INPUTS fields."""
+        rows = self._row(age)
+        return {"obs": self.stacks(age, env)} | {name: getattr(self, name)[rows, env] for name in self.INPUTS}
+
+    def transitions(self, age: np.ndarray, env: np.ndarray, n_step: int, gamma: float) -> dict:
+        """The batch: the inputs of s_t and s_{t+L}, a_t, the n-step return, whether s_{t+L} is terminal."""
         _, length, returns, terminal = self.windows(age, env, n_step, gamma)
         rows = self._row(age)
-        return {"states": self.stacks(age, env), "next_states": self.stacks(age + length, env), "rows": rows,
-                "actions": self.actions[rows, env].astype(np.int64), "rewards": returns,
-                "terminals": terminal.astype(np.float32), "envs": env}  # fmt: skip
+        return {
+            "states": self.inputs(age, env),
+            "next_states": self.inputs(age + length, env),
+            "rows": rows,
+            "actions": self.actions[rows, env].astype(np.int64),
+            "rewards": returns,
+            "terminals": terminal.astype(np.float32),
+            "envs": env,
+        }
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """The rows written so far (for --checkpoint-replay)."""
@@ -311,8 +366,10 @@ class FrameReplay:
     def load_state_dict(self, state: dict[str, np.ndarray]):
         cursor, count, rows, num_envs = (int(v) for v in state["pointers"])
         if (rows, num_envs) != (self.rows, self.num_envs):
-            raise ValueError(f"its replay memory has {rows:,} rows x {num_envs} envs, this run {self.rows:,} x "
-                             f"{self.num_envs}; pass the original --buffer-size and --num-envs")  # fmt: skip
+            raise ValueError(
+                f"its replay memory has {rows:,} rows x {num_envs} envs, this run {self.rows:,} x {self.num_envs}; "
+                "pass the original --buffer-size and --num-envs"
+            )
         for name in self.FIELDS:
             getattr(self, name)[:count] = state[name]
         self.cursor, self.count = cursor, count
@@ -417,11 +474,13 @@ def tokenize(features: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 class Experts(nn.Module):
-    """n independent experts f_e(x) = Dense(ReLU(Dense(x))): d -> width -> d, xavier_uniform kernels, zero biases,
-    stacked on a leading expert axis. (B, n, slots, d) -> outputs (B, n, slots, d), hidden (B, n, slots, width)."""
+    """n = cfg.num_experts independent experts f_e(x) = Dense(ReLU(Dense(x))): d -> width -> d (width =
+    cfg.expert_width), xavier_uniform kernels, zero biases, stacked on a leading expert axis. (B, n, slots, d) ->
+    outputs (B, n, slots, d), hidden (B, n, slots, width)."""
 
-    def __init__(self, num_experts: int, dim: int, width: int):
+    def __init__(self, cfg: Network, dim: int):
         super().__init__()
+        num_experts, width = cfg.num_experts, cfg.expert_width
         self.w1 = nn.Parameter(torch.empty(num_experts, dim, width))
         self.b1 = nn.Parameter(torch.zeros(num_experts, width))
         self.w2 = nn.Parameter(torch.empty(num_experts, width, dim))
@@ -463,22 +522,24 @@ def soft_moe(tokens: torch.Tensor, phi: torch.Tensor, experts, scale: torch.Tens
 
 class SoftMoE(nn.Module):
     """Phi (d, n, p) with p = ceil(m / n) slots per expert, lecun_normal with fan_in n*d as Flax computes it for a 3-D
-    kernel; the scalar (init 1) is always created but only used with normalisation, as in the reference."""
+    kernel; the scalar (init 1) is always created but only used with normalisation, as in the reference. Its options
+    (num_experts, expert_width, random_phi, moe_normalize) are read from `cfg`, the Network options."""
 
-    def __init__(self, dim, num_tokens, num_experts, width, random_phi=False, normalize=False):
+    def __init__(self, cfg: Network, dim: int, num_tokens: int):
         super().__init__()
-        self.slots = -(-num_tokens // num_experts)
-        self.phi_shape = (dim, num_experts, self.slots)
-        self.random_phi, self.normalize = random_phi, normalize
-        self.phi = None if random_phi else nn.Parameter(lecun_normal_(torch.empty(self.phi_shape), num_experts * dim))
+        self.cfg = cfg
+        self.slots = -(-num_tokens // cfg.num_experts)
+        self.phi_shape = (dim, cfg.num_experts, self.slots)
+        fan_in = cfg.num_experts * dim
+        self.phi = None if cfg.random_phi else nn.Parameter(lecun_normal_(torch.empty(self.phi_shape), fan_in))
         self.scalar = nn.Parameter(torch.ones(1))
-        self.experts = Experts(num_experts, dim, width)
+        self.experts = Experts(cfg, dim)
 
     def forward(self, tokens):
         phi = self.phi
-        if self.random_phi:  # a fresh N(0, 1) Phi for every sample of every call, as the reference's per-sample keys
+        if self.cfg.random_phi:  # a fresh N(0, 1) Phi for every sample of every call (the reference's per-sample keys)
             phi = torch.randn((tokens.shape[0],) + self.phi_shape, device=tokens.device)
-        scale = self.scalar if self.normalize else None
+        scale = self.scalar if self.cfg.moe_normalize else None
         outputs, dispatch, combine, hidden = soft_moe(tokens, phi, self.experts, scale)
         return outputs, {"dispatch": dispatch, "combine": combine, "hidden": hidden, "tokens": tokens}
 
@@ -495,13 +556,14 @@ def top1_route(probs: torch.Tensor, capacity: int):
 class Top1MoE(nn.Module):
     """Router Dense(n) without bias (lecun_normal), softmax, top-1; expert capacity C = ceil(m / n); the first C tokens
     routed to an expert (in token order) are kept, unused capacity slots are zeros that still pass through the expert,
-    an overflowing token outputs zero; kept outputs are scaled by the gate probability."""
+    an overflowing token outputs zero; kept outputs are scaled by the gate probability. Options from `cfg`."""
 
-    def __init__(self, dim, num_tokens, num_experts, width):
+    def __init__(self, cfg: Network, dim: int, num_tokens: int):
         super().__init__()
-        self.capacity = -(-num_tokens // num_experts)
-        self.router = nn.Parameter(lecun_normal_(torch.empty(dim, num_experts), dim))
-        self.experts = Experts(num_experts, dim, width)
+        self.cfg = cfg
+        self.capacity = -(-num_tokens // cfg.num_experts)
+        self.router = nn.Parameter(lecun_normal_(torch.empty(dim, cfg.num_experts), dim))
+        self.experts = Experts(cfg, dim)
 
     def forward(self, tokens):
         B, m, d = tokens.shape
@@ -542,8 +604,9 @@ def load_balancing_loss(aux: dict, num_experts: int) -> torch.Tensor:
 
 
 class QNetwork(nn.Module):
-    """uint8 stacks (B, 4, 84, 84) / 255 -> encoder -> [Dense(512 k) + ReLU | tokens -> MoE -> flatten] -> Dense(A).
-    Built from the Network options of `args` (and --bf16)."""
+    """inputs["obs"], uint8 stacks (B, 4, 84, 84), / 255 -> encoder -> [Dense(512 k) + ReLU | tokens -> MoE -> flatten]
+    -> Dense(A). Built from the Network options of `args` (and --bf16); `inputs` is the mapping that FrameReplay.inputs
+    and network_inputs build, the one place that names what the network reads."""
 
     def __init__(self, num_actions: int, args: Args):
         super().__init__()
@@ -557,15 +620,12 @@ class QNetwork(nn.Module):
             head_inputs = 512 * args.width_multiplier
         else:
             num_tokens, dim = tokenize(features, args.tokenization).shape[1:]
-            if args.moe == "softmoe":
-                self.moe = SoftMoE(dim, num_tokens, args.num_experts, args.expert_width, args.random_phi,
-                                   args.moe_normalize)  # fmt: skip
-            else:
-                self.moe = Top1MoE(dim, num_tokens, args.num_experts, args.expert_width)
+            self.moe = (SoftMoE if args.moe == "softmoe" else Top1MoE)(args, dim, num_tokens)
             head_inputs = num_tokens * dim  # the output tokens are flattened, no pooling
         self.head = xavier_layer(nn.Linear(head_inputs, num_actions))
 
-    def forward(self, x: torch.Tensor, return_aux: bool = False):
+    def forward(self, inputs: dict[str, torch.Tensor], return_aux: bool = False):
+        x = inputs["obs"]
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):  # --bf16: the convolutions
             features = self.encoder(x.float() / 255.0).float()  # (B, d, h, w)
         if self.moe_kind == "none":
@@ -601,18 +661,29 @@ def epsilon_schedule(step: int, decay_steps: int, warmup_steps: int, end_e: floa
     return end_e + min(max(bonus, 0.0), 1.0 - end_e)
 
 
-def select_actions(q_net, obs: np.ndarray, epsilon: float, rng: np.random.Generator, num_actions: int, device,
-                   policy=None):  # fmt: skip
+def network_inputs(obs: np.ndarray, tracker: atari.EpisodeTracker) -> dict[str, np.ndarray]:
+    """The network's inputs for every environment's current step, built from what the loop tracks (the stacks, and
+    the tracker's episode counters): what FrameReplay.inputs gives for a stored state. A field added to
+    FrameReplay.INPUTS is computed here too (main stores it with the row)."""
+    return {"obs": obs}
+
+
+def select_actions(
+    q_net, inputs: dict, epsilon: float, rng: np.random.Generator, num_actions: int, device, policy=None
+):
     """epsilon-greedy per environment; the network only sees the environments that act greedily (a GraphedPolicy,
-    --cuda-graph, gives every environment's greedy action in one replay)."""
-    actions = rng.integers(0, num_actions, size=len(obs))
-    greedy = rng.random(len(obs)) > epsilon  # Dopamine explores when u <= epsilon
+    --cuda-graph, gives every environment's greedy action in one replay). Returns the actions and the acting step's
+    diagnostics: every scalar in them is logged (charts/<name> in tensorboard, summary.json's "acting")."""
+    num_envs = len(next(iter(inputs.values())))
+    actions = rng.integers(0, num_actions, size=num_envs)
+    greedy = rng.random(num_envs) > epsilon  # Dopamine explores when u <= epsilon
     if greedy.any() and policy is not None:
-        actions[greedy] = policy(obs)[greedy]
+        actions[greedy] = policy(inputs)[greedy]
     elif greedy.any():
         with torch.inference_mode():
-            actions[greedy] = q_net(torch.from_numpy(obs[greedy]).to(device)).argmax(1).cpu().numpy()
-    return actions.astype(np.int32)
+            acting = {k: torch.from_numpy(v[greedy]).to(device) for k, v in inputs.items()}
+            actions[greedy] = q_net(acting).argmax(1).cpu().numpy()
+    return actions.astype(np.int32), {"epsilon": epsilon}
 
 
 def td_target(next_q: torch.Tensor, rewards: torch.Tensor, terminals: torch.Tensor, discount: float) -> torch.Tensor:
@@ -632,8 +703,11 @@ def dqn_loss(q_net, target_net, batch: dict, args: Args):
     per_sample = (target - q_taken) ** 2
     td_loss = per_sample.mean()
     load_balance_loss = load_balancing_loss(aux, args.num_experts) if args.load_balance_coef > 0 else torch.zeros(())
-    metrics = {"td_loss": td_loss.detach(), "load_balance_loss": load_balance_loss.detach(),
-               "q_values": q_taken.detach().mean()}  # fmt: skip
+    metrics = {
+        "td_loss": td_loss.detach(),
+        "load_balance_loss": load_balance_loss.detach(),
+        "q_values": q_taken.detach().mean(),
+    }
     return td_loss + args.load_balance_coef * load_balance_loss, metrics | {"per_sample_loss": per_sample, "aux": aux}
 
 
@@ -649,8 +723,10 @@ def make_optimizer(q_net, args: Args) -> torch.optim.Adam:
 
 
 def train_step(q_net, target_net, optimizer, batch: dict, args: Args) -> dict:
-    """One update on a batch of tensors: the loss, backward, Adam. Returns the loss's metrics and, for a learned Phi,
-    the RMS of its gradient (to compare with Adam's eps) and its norm."""
+    """One update on a batch of tensors: the loss, backward, Adam, with the online network in train mode (the target
+    stays in eval mode: main). Returns the loss's metrics and, for a learned Phi, the RMS of its gradient (to compare
+    with Adam's eps) and its norm."""
+    q_net.train()
     loss, metrics = dqn_loss(q_net, target_net, batch, args)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -660,8 +736,11 @@ def train_step(q_net, target_net, optimizer, batch: dict, args: Args) -> dict:
     return metrics
 
 
-def to_tensors(batch: dict, device) -> dict[str, torch.Tensor]:
-    return {k: torch.from_numpy(v).to(device) for k, v in batch.items()}
+def to_tensors(batch: dict, device) -> dict:
+    """Every array of a batch as a tensor on `device`, those of its input mappings (states, next_states) too."""
+    return {
+        k: to_tensors(v, device) if isinstance(v, dict) else torch.from_numpy(v).to(device) for k, v in batch.items()
+    }
 
 
 class GraphedUpdate:
@@ -707,6 +786,31 @@ class GraphedUpdate:
             tensor.copy_(torch.from_numpy(batch[key]))
         self.graph.replay()
         return self.metrics
+
+
+class ObservationOnly(nn.Module):
+    """--cuda-graph's view of the network: the observation alone. GraphedPolicy and GraphedUpdate were last checked on a
+    GPU (tests/test_cuda_graph.py, results/gpu_check) in this form, before the network took a mapping of inputs; until
+    a GPU run checks them with mappings, a new input reaches the graphed path only through this adapter and
+    observation_batch / observation_step below."""
+
+    def __init__(self, q_net):
+        super().__init__()
+        self.q_net = q_net
+
+    def forward(self, obs: torch.Tensor):
+        return self.q_net({"obs": obs})
+
+
+def observation_batch(batch: dict) -> dict:
+    """A sampled batch as GraphedUpdate takes it: s_t and s_{t+n} as arrays of observations."""
+    return batch | {"states": batch["states"]["obs"], "next_states": batch["next_states"]["obs"]}
+
+
+def observation_step(q_net, target_net, optimizer, batch: dict, args) -> dict:
+    """train_step on an observation_batch, the update GraphedUpdate records."""
+    inputs = {"states": {"obs": batch["states"]}, "next_states": {"obs": batch["next_states"]}}
+    return train_step(q_net, target_net, optimizer, batch | inputs, args)
 
 
 class GraphedPolicy:
@@ -764,7 +868,7 @@ def main(args: Args) -> dict:
     q_net = build_network(args, num_actions).to(device, memory_format=torch.channels_last)
     target_net = build_network(args, num_actions).to(device, memory_format=torch.channels_last)
     target_net.load_state_dict(q_net.state_dict())
-    target_net.requires_grad_(False)
+    target_net.requires_grad_(False).eval()  # the target is the mean network (a dropout fork's too)
     optimizer = make_optimizer(q_net, args)
     replay = FrameReplay(args.buffer_size, args.num_envs)
     global_step, updates, episodes = 0, 0, []
@@ -777,19 +881,25 @@ def main(args: Args) -> dict:
     run = Run(args, rom, q_net, target_net, optimizer, replay, rng, device, global_step, updates, episodes)
 
     update = lambda batch: train_step(q_net, target_net, optimizer, to_tensors(batch, device), args)
-    if args.cuda_graph:  # the same update, recorded as a CUDA graph at its first call and replayed
-        update = GraphedUpdate(train_step, q_net, target_net, optimizer, args)
-    policy = GraphedPolicy(q_net, args.num_envs) if args.cuda_graph else None  # the acting pass as a CUDA graph
+    if args.cuda_graph:  # the same update, recorded as a CUDA graph at its first call and replayed (observations only)
+        graphed_update = GraphedUpdate(observation_step, q_net, target_net, optimizer, args)
+        update = lambda batch: graphed_update(observation_batch(batch))
 
     # min_replay_history counts from this segment's start unless the replay memory was restored
     learn_from = global_step + (0 if ckpt and ckpt["replay_state"] is not None else args.learning_starts)
     updates_before, last_sync, metrics = updates, global_step, {}
     obs, info = envs.reset(seed=args.seed)
     tracker = atari.EpisodeTracker(args.num_envs, args.protocol, info, rng, args.truncation_is_terminal)
+    policy = None
+    if args.cuda_graph:  # the acting pass as a CUDA graph, recorded in eval mode
+        graphed_policy = GraphedPolicy(ObservationOnly(q_net.eval()), args.num_envs)
+        policy = lambda inputs: graphed_policy(inputs["obs"])
     with stop_signals() as stopped:
         while global_step < args.total_timesteps and not stopped():
             epsilon = epsilon_schedule(global_step, args.epsilon_decay_steps, args.learning_starts, args.end_e)
-            actions = select_actions(q_net, obs, epsilon, rng, num_actions, device, policy)
+            inputs = network_inputs(obs, tracker)
+            q_net.eval()  # the agent acts with its mean network (a dropout fork's too); train_step sets train mode
+            actions, acting = select_actions(q_net, inputs, epsilon, rng, num_actions, device, policy)
             envs.send(tracker.actions(actions))  # the emulators step in their threads while the network learns
 
             if global_step > learn_from and replay.can_sample(args.n_step):
@@ -805,11 +915,19 @@ def main(args: Args) -> dict:
             next_obs, rewards, terminated, truncated, info = envs.recv()
             step = tracker.step(rewards, terminated, truncated, info)
             clipped = np.clip(rewards, -1, 1)  # Dopamine's runner clips before the agent stores; returns stay scores
-            replay.add(frames=obs[:, -1], actions=actions, rewards=clipped, terminals=step.terminal, valid=step.valid,
-                       history=step.history)  # fmt: skip
+            stored = {name: inputs[name] for name in replay.INPUTS}  # a state's further inputs go with its row
+            replay.add(
+                frames=obs[:, -1],
+                actions=actions,
+                rewards=clipped,
+                terminals=step.terminal,
+                valid=step.valid,
+                history=step.history,
+                **stored,
+            )
             global_step += int(step.acted.sum())
             obs = tracker.agent_view(next_obs)
-            run.log_step(global_step, step.finished, next_obs, epsilon, updates, metrics)
+            run.log_step(global_step, step.finished, next_obs, updates, metrics, acting)
     envs.close()
     last_multiple = args.snapshot_every and period_crossed(last_sync, global_step, args.snapshot_every)
     if last_multiple and not stopped() and replay.can_sample(args.n_step):  # a finished run's final network, as the
@@ -824,7 +942,8 @@ class Run:
     """Everything a run writes, and the timers that decide when."""
 
     def __init__(self, args, rom, q_net, target_net, optimizer, replay, rng, device, global_step, updates, episodes):
-        self.args, self.rom, self.game, self.episodes, self.losses = args, rom, atari.camel_name(rom), episodes, {}
+        self.args, self.rom, self.game, self.episodes = args, rom, atari.camel_name(rom), episodes
+        self.losses, self.acting = {}, {}  # the latest scalars of the loss's metrics and of the acting step
         self.q_net, self.target_net, self.optimizer, self.replay, self.rng = q_net, target_net, optimizer, replay, rng
         self.start_step = self.last_step = global_step
         self.start_updates, self.learning_since = updates, None  # (time, step) of this segment's first update
@@ -840,8 +959,14 @@ class Run:
         if args.track:
             import wandb
 
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=vars(args), name=self.run_name, save_code=True)  # fmt: skip
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=vars(args),
+                name=self.run_name,
+                save_code=True,
+            )
         self.writer = SummaryWriter(self.run_dir)
         table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
         self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
@@ -849,17 +974,26 @@ class Run:
         resumed = (
             f"; resuming at step {global_step:,} ({replay.count * replay.num_envs:,} stored)" if global_step else ""
         )
-        print(f"{self.run_name}: {args.moe} on the {args.encoder} encoder, {sum(parts.values()):,} parameters {parts}, "
-              f"{args.num_envs} env(s), {args.protocol} protocol, replay {replay.rows * replay.num_envs:,} transitions "
-              f"({replay.nbytes / 1e9:.2f} GB), device {device}{resumed}")  # fmt: skip
+        print(
+            f"{self.run_name}: {args.moe} on the {args.encoder} encoder, {sum(parts.values()):,} parameters {parts}, "
+            f"{args.num_envs} env(s), {args.protocol} protocol, replay {replay.rows * replay.num_envs:,} transitions "
+            f"({replay.nbytes / 1e9:.2f} GB), device {device}{resumed}"
+        )
         self.summary = dict(
-            args=asdict(args), run_name=self.run_name, code=code_version(), device=str(device), game=self.game,
-            start_step=global_step, num_parameters=sum(parts.values()), parameters_by_part=parts,
-            replay_bytes=replay.nbytes, replay_bytes_per_transition=replay.BYTES_PER_TRANSITION,
-        )  # fmt: skip
+            args=asdict(args),
+            run_name=self.run_name,
+            code=code_version(),
+            device=str(device),
+            game=self.game,
+            start_step=global_step,
+            num_parameters=sum(parts.values()),
+            parameters_by_part=parts,
+            replay_bytes=replay.nbytes,
+            replay_bytes_per_transition=replay.BYTES_PER_TRANSITION,
+        )
         self.video = atari.EpisodeVideo(os.path.join(self.run_dir, "videos")) if args.capture_video else None
 
-    def log_step(self, global_step, finished, next_obs, epsilon, updates, metrics):
+    def log_step(self, global_step, finished, next_obs, updates, metrics, acting):
         """Episode returns, the per-iteration score, video frames, the progress line and the periodic outputs."""
         args, writer, now = self.args, self.writer, time.time()
         if self.video is not None:
@@ -882,14 +1016,20 @@ class Run:
             self.losses = {k: float(v) for k, v in metrics.items() if torch.is_tensor(v) and v.dim() == 0}
             for k, v in self.losses.items():  # every scalar of the loss's metrics
                 writer.add_scalar(f"losses/{k}", v, global_step)
+            self.acting = {k: float(v) for k, v in acting.items() if np.ndim(v) == 0}
+            for k, v in self.acting.items():  # every scalar the acting step returned
+                writer.add_scalar(f"charts/{k}", v, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("charts/epsilon", epsilon, global_step)
             last = [r for _, r, _ in self.episodes[-100:]]
             mean = f"{np.mean(last):.1f}" if last else "-"
+            diagnostics = "".join(f" | {k} {v:.3f}" for k, v in self.acting.items())
             loss = f" | td loss {self.losses['td_loss']:.4f}" if self.losses else ""
-            print(f"step {global_step:,}/{args.total_timesteps:,} | {sps:,.0f} steps/s | updates {updates:,} | "
-                  f"episodes {len(self.episodes):,} | mean return (last 100) {mean} | epsilon {epsilon:.3f}{loss} | "
-                  f"{eta(args.total_timesteps - global_step, learning_sps, sps)}", flush=True)  # fmt: skip
+            print(
+                f"step {global_step:,}/{args.total_timesteps:,} | {sps:,.0f} steps/s | updates {updates:,} | "
+                f"episodes {len(self.episodes):,} | mean return (last 100) {mean}{diagnostics}{loss} | "
+                f"{eta(args.total_timesteps - global_step, learning_sps, sps)}",
+                flush=True,
+            )
             self.t_log = now
         if now - self.t_write >= 60 * args.write_every_minutes:
             self.write_outputs(global_step, updates, complete=False)
@@ -902,20 +1042,36 @@ class Run:
         mean_return = float(np.mean(last)) if last else None
         iterations = iteration_returns(episodes, args.iteration_steps, global_step)
         self.summary.update(
-            complete=complete, global_step=global_step, updates=updates, episodes=len(episodes), wall_time=elapsed,
-            sps=(global_step - self.start_step) / max(elapsed, 1e-9), mean_return_last_100=mean_return,
-            episodes_in_mean=len(last), human_normalized_score=atari.human_normalized(mean_return, self.rom),
-            random_human_scores=atari.RANDOM_HUMAN_SCORES.get(self.game), iteration_returns=iterations,
-            last_iteration_mean_return=iterations[-1]["mean_return"] if iterations else None, losses=self.losses,
-        )  # fmt: skip
+            complete=complete,
+            global_step=global_step,
+            updates=updates,
+            episodes=len(episodes),
+            wall_time=elapsed,
+            sps=(global_step - self.start_step) / max(elapsed, 1e-9),
+            mean_return_last_100=mean_return,
+            episodes_in_mean=len(last),
+            human_normalized_score=atari.human_normalized(mean_return, self.rom),
+            random_human_scores=atari.RANDOM_HUMAN_SCORES.get(self.game),
+            iteration_returns=iterations,
+            last_iteration_mean_return=iterations[-1]["mean_return"] if iterations else None,
+            losses=self.losses,
+            acting=self.acting,
+        )
         with open(os.path.join(self.run_dir, "episodes.csv"), "w", newline="") as f:
             csv.writer(f).writerows([("global_step", "return", "length"), *episodes])
         if args.save_model:
             path = os.path.join(self.run_dir, f"{SCRIPT}.pt")
-            state = {"q_net": self.q_net.state_dict(), "target_net": self.target_net.state_dict(),
-                     "optimizer": self.optimizer.state_dict(), "global_step": global_step, "updates": updates,
-                     "episodes": episodes, "numpy_rng": self.rng.bit_generator.state,
-                     "torch_rng": torch.get_rng_state(), "cuda_rng": cuda_rng_state(self.q_net)}  # fmt: skip
+            state = {
+                "q_net": self.q_net.state_dict(),
+                "target_net": self.target_net.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "global_step": global_step,
+                "updates": updates,
+                "episodes": episodes,
+                "numpy_rng": self.rng.bit_generator.state,
+                "torch_rng": torch.get_rng_state(),
+                "cuda_rng": cuda_rng_state(self.q_net),
+            }
             if args.checkpoint_replay:  # the replay first, under its own step's name; the older one goes last
                 state["replay"] = save_replay(path, self.replay, global_step)
             save_checkpoint(path, args, state)
@@ -931,10 +1087,19 @@ class Run:
         probe = self.replay.sample(32, np.random.default_rng(global_step), self.args.n_step, self.args.gamma)
         path = os.path.join(self.run_dir, "snapshots", f"{SCRIPT}_{global_step}.pt")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        torch.save({"script": SCRIPT, "args": asdict(self.args), "global_step": global_step,
-                    "num_actions": self.q_net.num_actions, "q_net": self.q_net.state_dict(),
-                    "target_net": self.target_net.state_dict(), "torch_rng": torch.get_rng_state(),
-                    "probe": {k: torch.from_numpy(v) for k, v in probe.items()}}, path)  # fmt: skip
+        torch.save(
+            {
+                "script": SCRIPT,
+                "args": asdict(self.args),
+                "global_step": global_step,
+                "num_actions": self.q_net.num_actions,
+                "q_net": self.q_net.state_dict(),
+                "target_net": self.target_net.state_dict(),
+                "torch_rng": torch.get_rng_state(),
+                "probe": to_tensors(probe, "cpu"),
+            },
+            path,
+        )
 
     def finish(self, global_step, updates, complete: bool) -> dict:
         if not complete:
@@ -944,9 +1109,11 @@ class Run:
         if mean_return is not None:
             self.writer.add_scalar("charts/mean_return_last_100", mean_return, global_step)
         mean, hns = "-" if mean_return is None else f"{mean_return:.1f}", hns if hns is None else round(hns, 3)
-        print(f"done: {global_step:,} steps, {len(self.episodes)} episodes, mean return (last "
-              f"{self.summary['episodes_in_mean']}) {mean}, human-normalised {hns}, {self.summary['sps']:,.0f} "
-              "steps/s")  # fmt: skip
+        print(
+            f"done: {global_step:,} steps, {len(self.episodes)} episodes, mean return (last "
+            f"{self.summary['episodes_in_mean']}) {mean}, human-normalised {hns}, {self.summary['sps']:,.0f} "
+            "steps/s"
+        )
         self.writer.close()
         if self.args.track:
             import wandb
@@ -971,8 +1138,14 @@ def iteration_returns(episodes: list, iteration_steps: int, global_step: int) ->
     out = []
     for k in range(global_step // iteration_steps):
         if len(mine := returns[(ends - 1) // iteration_steps == k]):
-            out.append({"iteration": k, "end_step": (k + 1) * iteration_steps, "mean_return": float(mine.mean()),
-                        "episodes": len(mine)})  # fmt: skip
+            out.append(
+                {
+                    "iteration": k,
+                    "end_step": (k + 1) * iteration_steps,
+                    "mean_return": float(mine.mean()),
+                    "episodes": len(mine),
+                }
+            )
     return out
 
 

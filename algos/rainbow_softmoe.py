@@ -205,17 +205,30 @@ class Args(Network):  # the Network options above come first in --help and in su
 # expert count; a 50M-step figure: the paper's 100k statement is text only and names no network); the shipped DER.gin
 # has --encoder nature --num-experts 4
 ATARI_100K = dict(
-    protocol="atari100k", total_timesteps=100_000, iteration_steps=10_000, learning_starts=1600, learning_rate=1e-4,
-    adam_eps=1.5e-4, replay_ratio=1.0, eval_episodes=100,  # update_period 1; 10 iterations of 10k, then 100 episodes
+    protocol="atari100k",
+    total_timesteps=100_000,
+    iteration_steps=10_000,
+    learning_starts=1600,
+    learning_rate=1e-4,
+    adam_eps=1.5e-4,
+    replay_ratio=1.0,
+    eval_episodes=100,  # update_period 1; 10 iterations of 10k, then 100 episodes
     n_step=10,  # "10 as in SPR, instead of DER's 20" (DER.gin)
     snapshot_every=10_000,  # ours, once per iteration (Fig. 10 analysed 50M-step runs): the routing over a 100k run
-)  # fmt: skip
+)
 PRESETS = {
     "full-rainbow": {},
     "der": ATARI_100K | dict(target_network_frequency=2000, epsilon_decay_steps=2000),
-    "drq-eps": ATARI_100K | dict(target_network_frequency=1, epsilon_decay_steps=5000, num_atoms=1, noisy=False,
-                                 uniform_replay=True, data_augmentation=True),  # DQN with a scalar Q (Huber), DrQ
-}  # fmt: skip
+    "drq-eps": ATARI_100K
+    | dict(
+        target_network_frequency=1,
+        epsilon_decay_steps=5000,
+        num_atoms=1,
+        noisy=False,
+        uniform_replay=True,
+        data_augmentation=True,
+    ),  # DQN with a scalar Q (Huber), DrQ
+}
 
 
 def preset_args(name: str, **overrides) -> Args:
@@ -263,50 +276,88 @@ def validate(args: Args) -> str | None:
         (atari.game_from_env_id(args.env_id) is None, atari.unknown_env_message(args.env_id)),
         (not moe and args.num_experts is not None, f"--num-experts {dense}"),
         (not moe and args.tokenization is not None, f"--tokenization {dense}"),
-        (not moe and args.expert_width is not None, "--expert-width needs an MoE; widen the --moe none baseline with "
-                                                    "--width-multiplier"),
+        (
+            not moe and args.expert_width is not None,
+            "--expert-width needs an MoE; widen the --moe none baseline with --width-multiplier",
+        ),
         (moe and args.num_experts < 1, f"--num-experts must be at least 1, got {args.num_experts}"),
         (moe and args.expert_width < 1, f"--expert-width must be at least 1, got {args.expert_width}"),
-        (moe and args.width_multiplier != 1, "--width-multiplier widens the --moe none baseline; scale an MoE with "
-                                             "--num-experts"),
-        (args.moe != "softmoe" and (args.random_phi or args.moe_normalize),
-         "--random-phi and --moe-normalize act on Soft MoE's Phi; they need --moe softmoe"),
-        (args.phi_adam_eps is not None and (args.moe != "softmoe" or args.random_phi or not args.phi_adam_eps > 0),
-         "--phi-adam-eps sets a positive eps for Soft MoE's learned Phi; it needs --moe softmoe without --random-phi"),
-        (args.moe != "top1" and args.load_balance_coef != 0,
-         "--load-balance-coef needs --moe top1 (Soft MoE has no router to balance)"),
-        (args.width_multiplier < 1 or args.load_balance_coef < 0,
-         "--width-multiplier must be at least 1 and --load-balance-coef non-negative"),
-        (min(args.num_envs, args.batch_size, args.n_step) < 1, "--num-envs, --batch-size and --n-step must be at "
-                                                               "least 1"),
-        (min(args.replay_ratio, args.learning_rate, args.target_network_frequency) <= 0,
-         "--replay-ratio, --learning-rate and --target-network-frequency must be positive"),
-        (min(args.total_timesteps, args.epsilon_decay_steps, args.iteration_steps) < 1,
-         "--total-timesteps, --epsilon-decay-steps and --iteration-steps must be positive"),
+        (
+            moe and args.width_multiplier != 1,
+            "--width-multiplier widens the --moe none baseline; scale an MoE with --num-experts",
+        ),
+        (
+            args.moe != "softmoe" and (args.random_phi or args.moe_normalize),
+            "--random-phi and --moe-normalize act on Soft MoE's Phi; they need --moe softmoe",
+        ),
+        (
+            args.phi_adam_eps is not None and (args.moe != "softmoe" or args.random_phi or not args.phi_adam_eps > 0),
+            "--phi-adam-eps sets a positive eps for Soft MoE's learned Phi; it needs --moe softmoe without "
+            "--random-phi",
+        ),
+        (
+            args.moe != "top1" and args.load_balance_coef != 0,
+            "--load-balance-coef needs --moe top1 (Soft MoE has no router to balance)",
+        ),
+        (
+            args.width_multiplier < 1 or args.load_balance_coef < 0,
+            "--width-multiplier must be at least 1 and --load-balance-coef non-negative",
+        ),
+        (
+            min(args.num_envs, args.batch_size, args.n_step) < 1,
+            "--num-envs, --batch-size and --n-step must be at least 1",
+        ),
+        (
+            min(args.replay_ratio, args.learning_rate, args.target_network_frequency) <= 0,
+            "--replay-ratio, --learning-rate and --target-network-frequency must be positive",
+        ),
+        (
+            min(args.total_timesteps, args.epsilon_decay_steps, args.iteration_steps) < 1,
+            "--total-timesteps, --epsilon-decay-steps and --iteration-steps must be positive",
+        ),
         (min(args.learning_starts, args.snapshot_every) < 0, "--learning-starts and --snapshot-every must be >= 0"),
-        (not (0 <= args.gamma <= 1 and 0 <= args.end_e <= 1 and 0 <= args.eval_epsilon <= 1),
-         "--gamma, --end-e and --eval-epsilon must lie in [0, 1]"),
+        (
+            not (0 <= args.gamma <= 1 and 0 <= args.end_e <= 1 and 0 <= args.eval_epsilon <= 1),
+            "--gamma, --end-e and --eval-epsilon must lie in [0, 1]",
+        ),
         (args.encoder == "nature" and args.impala_kernel != 3, "--impala-kernel needs --encoder impala"),
         (args.num_atoms < 1, f"--num-atoms must be at least 1 (1 = a scalar Q), got {args.num_atoms}"),
-        (args.num_atoms > 1 and args.v_min >= args.v_max,
-         f"--v-min ({args.v_min}) must be below --v-max ({args.v_max})"),
+        (
+            args.num_atoms > 1 and args.v_min >= args.v_max,
+            f"--v-min ({args.v_min}) must be below --v-max ({args.v_max})",
+        ),
         (min(args.eval_episodes, args.eval_every) < 0, "--eval-episodes and --eval-every must be >= 0"),
-        (args.eval_every > 0 and not args.eval_episodes,
-         "--eval-every needs --eval-episodes (the number of evaluation episodes)"),
-        (args.checkpoint_replay and not args.save_model,
-         "--checkpoint-replay saves the replay memory with the checkpoint; add --save-model"),
-        (rows < 2 * STACK + args.n_step,
-         f"--buffer-size {args.buffer_size} is too small: it needs {2 * STACK + args.n_step} rows per environment"),
-        (memory + 2**30 > available, f"--buffer-size {args.buffer_size:,} needs {memory / 1e9:.1f} GB of replay memory "
-         f"plus 1 GB headroom, but this machine has {available / 1e9:.1f} GB; lower --buffer-size"),
-        (args.device.startswith("cuda") and not torch.cuda.is_available(),
-         f"--device {args.device} asked for CUDA but torch sees no GPU; use --device cpu or auto"),
-        (args.cuda_graph and (args.device == "cpu" or not torch.cuda.is_available()),
-         "--cuda-graph records CUDA graphs and needs a GPU; drop it on a CPU"),
+        (
+            args.eval_every > 0 and not args.eval_episodes,
+            "--eval-every needs --eval-episodes (the number of evaluation episodes)",
+        ),
+        (
+            args.checkpoint_replay and not args.save_model,
+            "--checkpoint-replay saves the replay memory with the checkpoint; add --save-model",
+        ),
+        (
+            rows < 2 * STACK + args.n_step,
+            f"--buffer-size {args.buffer_size} is too small: it needs {2 * STACK + args.n_step} rows per environment",
+        ),
+        (
+            memory + 2**30 > available,
+            f"--buffer-size {args.buffer_size:,} needs {memory / 1e9:.1f} GB of replay memory "
+            f"plus 1 GB headroom, but this machine has {available / 1e9:.1f} GB; lower --buffer-size",
+        ),
+        (
+            args.device.startswith("cuda") and not torch.cuda.is_available(),
+            f"--device {args.device} asked for CUDA but torch sees no GPU; use --device cpu or auto",
+        ),
+        (
+            args.cuda_graph and (args.device == "cpu" or not torch.cuda.is_available()),
+            "--cuda-graph records CUDA graphs and needs a GPU; drop it on a CPU",
+        ),
         (args.track and not importlib.util.find_spec("wandb"), "--track needs wandb; `pip install wandb` or drop it"),
-        (args.capture_video and not importlib.util.find_spec("moviepy"),
-         "--capture-video needs moviepy; `pip install moviepy` or drop --capture-video"),
-    ]  # fmt: skip
+        (
+            args.capture_video and not importlib.util.find_spec("moviepy"),
+            "--capture-video needs moviepy; `pip install moviepy` or drop --capture-video",
+        ),
+    ]
     return next((message for failed, message in checks if failed), None)
 
 
@@ -370,8 +421,16 @@ class FrameReplay:
     p = sqrt(loss + 1e-10) after each update."""
 
     # what a row holds, name: (dtype, shape of one env's entry); the arrays, add, the checkpoint files derive from it
-    FIELDS = {"frames": (np.uint8, FRAME_SHAPE), "actions": (np.uint8, ()), "rewards": (np.float32, ()),
-              "terminals": (bool, ()), "valid": (bool, ()), "history": (np.uint8, ())}  # fmt: skip
+    FIELDS = {
+        "frames": (np.uint8, FRAME_SHAPE),
+        "actions": (np.uint8, ()),
+        "rewards": (np.float32, ()),
+        "terminals": (bool, ()),
+        "valid": (bool, ()),
+        "history": (np.uint8, ()),
+    }
+    # the fields the network reads of a state beside its frame stack (network_inputs gives them when acting)
+    INPUTS = ()
     BYTES_PER_TRANSITION = sum(np.dtype(dtype).itemsize * math.prod(shape) for dtype, shape in FIELDS.values())
 
     def __init__(self, capacity: int, num_envs: int, prioritized: bool = False):
@@ -459,12 +518,26 @@ class FrameReplay:
         weights = 1.0 / np.sqrt(self.tree.get(slots) / self.tree.total + 1e-10)
         return self.transitions(age, env, n_step, gamma, (weights / weights.max()).astype(np.float32))
 
+    def inputs(self, age: np.ndarray, env: np.ndarray) -> dict[str, np.ndarray]:
+        """The network's inputs for the states at rows `age` of envs `env`: the frame stacks and the INPUTS fields."""
+        rows = self._row(age)
+        return {"obs": self.stacks(age, env)} | {name: getattr(self, name)[rows, env] for name in self.INPUTS}
+
     def transitions(self, age: np.ndarray, env: np.ndarray, n_step: int, gamma: float, weights: np.ndarray) -> dict:
+        """The batch: the inputs of s_t and s_{t+L}, a_t, the n-step return, whether s_{t+L} is terminal, the
+        importance weights."""
         _, length, returns, terminal = self.windows(age, env, n_step, gamma)
         rows = self._row(age)
-        return {"states": self.stacks(age, env), "next_states": self.stacks(age + length, env), "rows": rows,
-                "actions": self.actions[rows, env].astype(np.int64), "rewards": returns,
-                "terminals": terminal.astype(np.float32), "envs": env, "weights": weights}  # fmt: skip
+        return {
+            "states": self.inputs(age, env),
+            "next_states": self.inputs(age + length, env),
+            "rows": rows,
+            "actions": self.actions[rows, env].astype(np.int64),
+            "rewards": returns,
+            "terminals": terminal.astype(np.float32),
+            "envs": env,
+            "weights": weights,
+        }
 
     def update_priorities(self, batch: dict, losses: torch.Tensor):
         """p = sqrt(loss + 1e-10) for the sampled slots (nothing to do for uniform sampling)."""
@@ -476,15 +549,19 @@ class FrameReplay:
         """The rows written so far and the priorities (for --checkpoint-replay)."""
         state = {name: getattr(self, name)[: self.count] for name in self.FIELDS}
         if self.tree is not None:
-            state |= {"priorities": self.tree.get(np.arange(self.rows * self.num_envs)),
-                      "max_priority": np.array(self.tree.max_recorded)}  # fmt: skip
+            state |= {
+                "priorities": self.tree.get(np.arange(self.rows * self.num_envs)),
+                "max_priority": np.array(self.tree.max_recorded),
+            }
         return state | {"pointers": np.array([self.cursor, self.count, self.rows, self.num_envs])}
 
     def load_state_dict(self, state: dict[str, np.ndarray]):
         cursor, count, rows, num_envs = (int(v) for v in state["pointers"])
         if (rows, num_envs) != (self.rows, self.num_envs):
-            raise ValueError(f"its replay memory has {rows:,} rows x {num_envs} envs, this run {self.rows:,} x "
-                             f"{self.num_envs}; pass the original --buffer-size and --num-envs")  # fmt: skip
+            raise ValueError(
+                f"its replay memory has {rows:,} rows x {num_envs} envs, this run {self.rows:,} x {self.num_envs}; "
+                "pass the original --buffer-size and --num-envs"
+            )
         if self.tree is not None and "priorities" not in state:
             raise ValueError("its replay memory holds no priorities (it was sampled uniformly); add --uniform-replay")
         for name in self.FIELDS:
@@ -605,7 +682,7 @@ class NoisyLinear(nn.Module):
     Dopamine's NoisyNetwork: mu ~ U(+-1/sqrt(fan_in)), sigma = 0.1/sqrt(fan_in). A fresh draw at every forward pass,
     shared by the batch (Dopamine's full Rainbow passes one key per batch; its MoE agent's per-sample keys would double
     the noisy layers' matmuls), and every layer and network draws its own (the reference feeds one key to a network's
-    layers and to both passes of the double-DQN target). `noise = False` (evaluation, analysis) uses the means."""
+    layers and to both passes of the double-DQN target). In eval mode (evaluation, analysis) it uses the means."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
@@ -614,10 +691,9 @@ class NoisyLinear(nn.Module):
         self.bias_mu = nn.Parameter(torch.empty(out_features).uniform_(-bound, bound))
         self.weight_sigma = nn.Parameter(torch.full((out_features, in_features), sigma))
         self.bias_sigma = nn.Parameter(torch.full((out_features,), sigma))
-        self.noise = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, in) -> (B, out)
-        if not self.noise:
+        if not self.training:
             return F.linear(x, self.weight_mu, self.bias_mu)
         eps_in = factorised_noise(self.weight_mu.shape[1], x.device)
         eps_out = factorised_noise(self.weight_mu.shape[0], x.device)
@@ -632,21 +708,16 @@ def dense_layer(in_features: int, out_features: int, noisy: bool) -> nn.Module:
     return NoisyLinear(in_features, out_features) if noisy else xavier_layer(nn.Linear(in_features, out_features))
 
 
-def set_noise(net: nn.Module, on: bool):
-    """Switch the noise of every NoisyNet layer (and noisy experts) on or off."""
-    for module in net.modules():
-        if hasattr(module, "noise"):
-            module.noise = on
-
-
 class Experts(nn.Module):
-    """n independent experts f_e(x) = Dense(ReLU(Dense(x))): d -> width -> d, xavier_uniform kernels, zero biases,
-    stacked on a leading expert axis. With `noisy` the first Dense is a NoisyNet layer (its own mu / sigma init, one
-    draw per expert and forward pass; the reference's experts share one draw); the projection back to d stays plain,
-    as in the reference. (B, n, slots, d) -> outputs (B, n, slots, d), hidden (B, n, slots, width)."""
+    """n = cfg.num_experts independent experts f_e(x) = Dense(ReLU(Dense(x))): d -> width -> d (width =
+    cfg.expert_width), xavier_uniform kernels, zero biases, stacked on a leading expert axis. With cfg.noisy the first
+    Dense is a NoisyNet layer (its own mu / sigma init, one draw per expert and forward pass in train mode; the
+    reference's experts share one draw); the projection back to d stays plain, as in the reference. (B, n, slots, d)
+    -> outputs (B, n, slots, d), hidden (B, n, slots, width)."""
 
-    def __init__(self, num_experts: int, dim: int, width: int, noisy: bool = False):
+    def __init__(self, cfg: Network, dim: int):
         super().__init__()
+        num_experts, width, self.noisy = cfg.num_experts, cfg.expert_width, cfg.noisy
         self.w1 = nn.Parameter(torch.empty(num_experts, dim, width))
         self.b1 = nn.Parameter(torch.zeros(num_experts, width))
         self.w2 = nn.Parameter(torch.empty(num_experts, width, dim))
@@ -654,19 +725,18 @@ class Experts(nn.Module):
         bound = math.sqrt(6.0 / (dim + width))  # xavier_uniform, the same for both layers
         nn.init.uniform_(self.w1, -bound, bound)
         nn.init.uniform_(self.w2, -bound, bound)
-        if noisy:
+        if self.noisy:
             bound, sigma = 1.0 / math.sqrt(dim), 0.1 / math.sqrt(dim)
             nn.init.uniform_(self.w1, -bound, bound)
             nn.init.uniform_(self.b1, -bound, bound)
             self.w1_sigma = nn.Parameter(torch.full((num_experts, dim, width), sigma))
             self.b1_sigma = nn.Parameter(torch.full((num_experts, width), sigma))
-            self.noise = True
 
     def forward(self, slots: torch.Tensor):
         B, n, s, d = slots.shape
         x = slots.transpose(0, 1).reshape(n, B * s, d)  # one matmul per expert over all its slots
         w1, b1 = self.w1, self.b1
-        if getattr(self, "noise", False):
+        if self.noisy and self.training:
             eps_in, eps_out = factorised_noise((n, d, 1), x.device), factorised_noise((n, 1, w1.shape[-1]), x.device)
             w1, b1 = w1 + self.w1_sigma * eps_in * eps_out, b1 + self.b1_sigma * eps_out[:, 0]
         hidden = torch.relu(torch.baddbmm(b1[:, None], x, w1))  # (n, B*s, width)
@@ -699,22 +769,24 @@ def soft_moe(tokens: torch.Tensor, phi: torch.Tensor, experts, scale: torch.Tens
 
 class SoftMoE(nn.Module):
     """Phi (d, n, p) with p = ceil(m / n) slots per expert, lecun_normal with fan_in n*d as Flax computes it for a 3-D
-    kernel; the scalar (init 1) is always created but only used with normalisation, as in the reference."""
+    kernel; the scalar (init 1) is always created but only used with normalisation, as in the reference. Its options
+    (num_experts, expert_width, random_phi, moe_normalize) are read from `cfg`, the Network options."""
 
-    def __init__(self, dim, num_tokens, num_experts, width, random_phi=False, normalize=False, noisy=False):
+    def __init__(self, cfg: Network, dim: int, num_tokens: int):
         super().__init__()
-        self.slots = -(-num_tokens // num_experts)
-        self.phi_shape = (dim, num_experts, self.slots)
-        self.random_phi, self.normalize = random_phi, normalize
-        self.phi = None if random_phi else nn.Parameter(lecun_normal_(torch.empty(self.phi_shape), num_experts * dim))
+        self.cfg = cfg
+        self.slots = -(-num_tokens // cfg.num_experts)
+        self.phi_shape = (dim, cfg.num_experts, self.slots)
+        fan_in = cfg.num_experts * dim
+        self.phi = None if cfg.random_phi else nn.Parameter(lecun_normal_(torch.empty(self.phi_shape), fan_in))
         self.scalar = nn.Parameter(torch.ones(1))
-        self.experts = Experts(num_experts, dim, width, noisy)
+        self.experts = Experts(cfg, dim)
 
     def forward(self, tokens):
         phi = self.phi
-        if self.random_phi:  # a fresh N(0, 1) Phi for every sample of every call, as the reference's per-sample keys
+        if self.cfg.random_phi:  # a fresh N(0, 1) Phi for every sample of every call (the reference's per-sample keys)
             phi = torch.randn((tokens.shape[0],) + self.phi_shape, device=tokens.device)
-        scale = self.scalar if self.normalize else None
+        scale = self.scalar if self.cfg.moe_normalize else None
         outputs, dispatch, combine, hidden = soft_moe(tokens, phi, self.experts, scale)
         return outputs, {"dispatch": dispatch, "combine": combine, "hidden": hidden, "tokens": tokens}
 
@@ -731,13 +803,14 @@ def top1_route(probs: torch.Tensor, capacity: int):
 class Top1MoE(nn.Module):
     """Router Dense(n) without bias (lecun_normal), softmax, top-1; expert capacity C = ceil(m / n); the first C tokens
     routed to an expert (in token order) are kept, unused capacity slots are zeros that still pass through the expert,
-    an overflowing token outputs zero; kept outputs are scaled by the gate probability."""
+    an overflowing token outputs zero; kept outputs are scaled by the gate probability. Options from `cfg`."""
 
-    def __init__(self, dim, num_tokens, num_experts, width, noisy=False):
+    def __init__(self, cfg: Network, dim: int, num_tokens: int):
         super().__init__()
-        self.capacity = -(-num_tokens // num_experts)
-        self.router = nn.Parameter(lecun_normal_(torch.empty(dim, num_experts), dim))
-        self.experts = Experts(num_experts, dim, width, noisy)
+        self.cfg = cfg
+        self.capacity = -(-num_tokens // cfg.num_experts)
+        self.router = nn.Parameter(lecun_normal_(torch.empty(dim, cfg.num_experts), dim))
+        self.experts = Experts(cfg, dim)
 
     def forward(self, tokens):
         B, m, d = tokens.shape
@@ -778,10 +851,11 @@ def load_balancing_loss(aux: dict, num_experts: int) -> torch.Tensor:
 
 
 class QNetwork(nn.Module):
-    """uint8 stacks (B, 4, 84, 84) / 255 -> encoder -> [Dense(512 k) + ReLU | tokens -> MoE -> flatten] -> dueling heads
-    V (N) and A (A x N) -> logits (B, A, N) = V + A - mean_a A -> Q = sum_i z_i softmax(logits)_i (the single logit
-    when N = 1). The dense layers are NoisyNet layers with `noisy`. Built from the Network options of `args` (and
-    --bf16)."""
+    """inputs["obs"], uint8 stacks (B, 4, 84, 84), / 255 -> encoder -> [Dense(512 k) + ReLU | tokens -> MoE -> flatten]
+    -> dueling heads V (N) and A (A x N) -> logits (B, A, N) = V + A - mean_a A -> Q = sum_i z_i softmax(logits)_i (the
+    single logit when N = 1). The dense layers are NoisyNet layers with `noisy`. Built from the Network options of
+    `args` (and --bf16); `inputs` is the mapping that FrameReplay.inputs and network_inputs build, the one place that
+    names what the network reads."""
 
     def __init__(self, num_actions: int, args: Args):
         super().__init__()
@@ -795,11 +869,7 @@ class QNetwork(nn.Module):
             head_inputs = 512 * args.width_multiplier
         else:
             num_tokens, dim = tokenize(features, args.tokenization).shape[1:]
-            if args.moe == "softmoe":
-                self.moe = SoftMoE(dim, num_tokens, args.num_experts, args.expert_width, args.random_phi,
-                                   args.moe_normalize, noisy)  # fmt: skip
-            else:
-                self.moe = Top1MoE(dim, num_tokens, args.num_experts, args.expert_width, noisy)
+            self.moe = (SoftMoE if args.moe == "softmoe" else Top1MoE)(args, dim, num_tokens)
             head_inputs = num_tokens * dim  # the output tokens are flattened, no pooling
         if self.dueling:
             self.value = dense_layer(head_inputs, self.num_atoms, noisy)
@@ -808,7 +878,8 @@ class QNetwork(nn.Module):
             self.head = dense_layer(head_inputs, num_actions * self.num_atoms, noisy)
         self.register_buffer("support", torch.linspace(args.v_min, args.v_max, self.num_atoms))  # z_i
 
-    def forward(self, x: torch.Tensor, return_aux: bool = False):
+    def forward(self, inputs: dict[str, torch.Tensor], return_aux: bool = False):
+        x = inputs["obs"]
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):  # --bf16: the convolutions
             features = self.encoder(x.float() / 255.0).float()  # (B, d, h, w)
         if self.moe_kind == "none":
@@ -851,30 +922,45 @@ def epsilon_schedule(step: int, decay_steps: int, warmup_steps: int, end_e: floa
     return end_e + min(max(bonus, 0.0), 1.0 - end_e)
 
 
-def select_actions(q_net, obs: np.ndarray, epsilon: float, rng: np.random.Generator, num_actions: int, device,
-                   policy=None):  # fmt: skip
+def network_inputs(obs: np.ndarray, tracker: atari.EpisodeTracker) -> dict[str, np.ndarray]:
+    """The network's inputs for every environment's current step, built from what the loop tracks (the stacks, and
+    the tracker's episode counters): what FrameReplay.inputs gives for a stored state. A field added to
+    FrameReplay.INPUTS is computed here too (main stores it with the row)."""
+    return {"obs": obs}
+
+
+def select_actions(
+    q_net, inputs: dict, epsilon: float, rng: np.random.Generator, num_actions: int, device, policy=None
+):
     """epsilon-greedy per environment; the network only sees the environments that act greedily (a GraphedPolicy,
-    --cuda-graph, gives every environment's greedy action in one replay)."""
-    actions = rng.integers(0, num_actions, size=len(obs))
-    greedy = rng.random(len(obs)) > epsilon  # Dopamine explores when u <= epsilon
+    --cuda-graph, gives every environment's greedy action in one replay). Returns the actions and the acting step's
+    diagnostics: every scalar in them is logged (charts/<name> in tensorboard, summary.json's "acting")."""
+    num_envs = len(next(iter(inputs.values())))
+    actions = rng.integers(0, num_actions, size=num_envs)
+    greedy = rng.random(num_envs) > epsilon  # Dopamine explores when u <= epsilon
     if greedy.any() and policy is not None:
-        actions[greedy] = policy(obs)[greedy]
+        actions[greedy] = policy(inputs)[greedy]
     elif greedy.any():
         with torch.inference_mode():
-            actions[greedy] = q_net(torch.from_numpy(obs[greedy]).to(device)).argmax(1).cpu().numpy()
-    return actions.astype(np.int32)
+            acting = {k: torch.from_numpy(v[greedy]).to(device) for k, v in inputs.items()}
+            actions[greedy] = q_net(acting).argmax(1).cpu().numpy()
+    return actions.astype(np.int32), {"epsilon": epsilon}
 
 
 def evaluate(q_net, args: Args, rom: str, num_episodes: int, device, rng: np.random.Generator) -> list[tuple]:
     """Atari 100k's evaluation (envs/atari.py: one game per parallel environment, each played to its end under the
-    run's protocol), epsilon-greedy at --eval-epsilon with the noise off (the reference's eval_mode; its experts keep
-    their noise, ours do not). Returns the (return, length) of every game."""
-    act = lambda obs: select_actions(q_net, obs, args.eval_epsilon, rng, q_net.num_actions, device)  # noqa: E731
-    set_noise(q_net, False)
+    run's protocol), epsilon-greedy at --eval-epsilon in eval mode, the noise off (the reference's eval_mode; its
+    experts keep their noise, ours do not); train mode again after. Returns the (return, length) of every game."""
+
+    def act(obs, tracker, live):
+        inputs = {k: v[live] for k, v in network_inputs(obs, tracker).items()}
+        return select_actions(q_net, inputs, args.eval_epsilon, rng, q_net.num_actions, device)[0]
+
+    q_net.eval()
     try:
         return atari.evaluate(act, args.protocol, rom, num_episodes, args.max_episode_frames, args.seed, rng)
     finally:
-        set_noise(q_net, True)
+        q_net.train()
 
 
 def project_distribution(target_support: torch.Tensor, probs: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
@@ -910,10 +996,10 @@ def rainbow_loss(q_net, target_net, batch: dict, args: Args):
     scalar Q), weighted by the importance-sampling weights (+ the weighted load-balancing losses for top1). Returns the
     loss and its metrics, with the unweighted per-sample loss (the new priorities) and the network's activations
     (`aux`) that benchmark/moe_analysis.py measures."""
-    states, next_states = batch["states"], batch["next_states"]
-    if args.data_augmentation:  # s_t and s_{t+n} independently
-        states, next_states = augment(states), augment(next_states)
-    rows, actions = torch.arange(len(states), device=states.device), batch["actions"]
+    states, next_states, actions = batch["states"], batch["next_states"], batch["actions"]
+    if args.data_augmentation:  # the frame stacks of s_t and s_{t+n}, independently
+        states, next_states = ({**inputs, "obs": augment(inputs["obs"])} for inputs in (states, next_states))
+    rows = torch.arange(len(actions), device=actions.device)
     discount = args.gamma**args.n_step * (1.0 - batch["terminals"])  # gamma^n (1 - terminal)
     with torch.no_grad():
         next_q, next_aux = target_net(next_states, return_aux=True)
@@ -935,8 +1021,11 @@ def rainbow_loss(q_net, target_net, batch: dict, args: Args):
         per_sample = F.huber_loss(q_taken, target, reduction="none")
     td_loss = (batch["weights"] * per_sample).mean()
     load_balance_loss = load_balancing_loss(aux, args.num_experts) if args.load_balance_coef > 0 else torch.zeros(())
-    metrics = {"td_loss": td_loss.detach(), "load_balance_loss": load_balance_loss.detach(),
-               "q_values": q_taken.detach().mean()}  # fmt: skip
+    metrics = {
+        "td_loss": td_loss.detach(),
+        "load_balance_loss": load_balance_loss.detach(),
+        "q_values": q_taken.detach().mean(),
+    }
     return td_loss + args.load_balance_coef * load_balance_loss, metrics | {"per_sample_loss": per_sample, "aux": aux}
 
 
@@ -952,8 +1041,10 @@ def make_optimizer(q_net, args: Args) -> torch.optim.Adam:
 
 
 def train_step(q_net, target_net, optimizer, batch: dict, args: Args) -> dict:
-    """One update on a batch of tensors: the loss, backward, Adam. Returns the loss's metrics (the per-sample loss sets
-    the priorities) and, for a learned Phi, the RMS of its gradient (to compare with Adam's eps) and its norm."""
+    """One update on a batch of tensors: the loss, backward, Adam, with the online network in train mode (the target
+    too: its NoisyNets draw noise, as the reference's target does). Returns the loss's metrics (the per-sample loss
+    sets the priorities) and, for a learned Phi, the RMS of its gradient (to compare with Adam's eps) and its norm."""
+    q_net.train()
     loss, metrics = rainbow_loss(q_net, target_net, batch, args)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -963,8 +1054,11 @@ def train_step(q_net, target_net, optimizer, batch: dict, args: Args) -> dict:
     return metrics
 
 
-def to_tensors(batch: dict, device) -> dict[str, torch.Tensor]:
-    return {k: torch.from_numpy(v).to(device) for k, v in batch.items()}
+def to_tensors(batch: dict, device) -> dict:
+    """Every array of a batch as a tensor on `device`, those of its input mappings (states, next_states) too."""
+    return {
+        k: to_tensors(v, device) if isinstance(v, dict) else torch.from_numpy(v).to(device) for k, v in batch.items()
+    }
 
 
 class GraphedUpdate:
@@ -1010,6 +1104,31 @@ class GraphedUpdate:
             tensor.copy_(torch.from_numpy(batch[key]))
         self.graph.replay()
         return self.metrics
+
+
+class ObservationOnly(nn.Module):
+    """--cuda-graph's view of the network: the observation alone. GraphedPolicy and GraphedUpdate were last checked on a
+    GPU (tests/test_cuda_graph.py, results/gpu_check) in this form, before the network took a mapping of inputs; until
+    a GPU run checks them with mappings, a new input reaches the graphed path only through this adapter and
+    observation_batch / observation_step below."""
+
+    def __init__(self, q_net):
+        super().__init__()
+        self.q_net = q_net
+
+    def forward(self, obs: torch.Tensor):
+        return self.q_net({"obs": obs})
+
+
+def observation_batch(batch: dict) -> dict:
+    """A sampled batch as GraphedUpdate takes it: s_t and s_{t+n} as arrays of observations."""
+    return batch | {"states": batch["states"]["obs"], "next_states": batch["next_states"]["obs"]}
+
+
+def observation_step(q_net, target_net, optimizer, batch: dict, args) -> dict:
+    """train_step on an observation_batch, the update GraphedUpdate records."""
+    inputs = {"states": {"obs": batch["states"]}, "next_states": {"obs": batch["next_states"]}}
+    return train_step(q_net, target_net, optimizer, batch | inputs, args)
 
 
 class GraphedPolicy:
@@ -1067,7 +1186,7 @@ def main(args: Args) -> dict:
     q_net = build_network(args, num_actions).to(device, memory_format=torch.channels_last)
     target_net = build_network(args, num_actions).to(device, memory_format=torch.channels_last)
     target_net.load_state_dict(q_net.state_dict())
-    target_net.requires_grad_(False)
+    target_net.requires_grad_(False)  # in train mode: its NoisyNets draw noise for the target, as the reference's do
     if args.target_network_frequency == 1:  # the target tracks the online network at every step: it is the online one
         target_net = q_net
     optimizer = make_optimizer(q_net, args)
@@ -1085,20 +1204,25 @@ def main(args: Args) -> dict:
         run.summary.update(eval_mean_return=e["mean_return"], eval_human_normalized_score=e["human_normalized_score"])
 
     update = lambda batch: train_step(q_net, target_net, optimizer, to_tensors(batch, device), args)
-    if args.cuda_graph:  # the same update, recorded as a CUDA graph at its first call and replayed
-        update = GraphedUpdate(train_step, q_net, target_net, optimizer, args)
-    policy = GraphedPolicy(q_net, args.num_envs) if args.cuda_graph else None  # the acting pass as a CUDA graph
+    if args.cuda_graph:  # the same update, recorded as a CUDA graph at its first call and replayed (observations only)
+        graphed_update = GraphedUpdate(observation_step, q_net, target_net, optimizer, args)
+        update = lambda batch: graphed_update(observation_batch(batch))
 
     # min_replay_history counts from this segment's start unless the replay memory was restored
     learn_from = global_step + (0 if ckpt and ckpt["replay_state"] is not None else args.learning_starts)
     updates_before, last_sync, metrics = updates, global_step, {}
     obs, info = envs.reset(seed=args.seed)
     tracker = atari.EpisodeTracker(args.num_envs, args.protocol, info, rng, args.truncation_is_terminal)
+    policy = None
+    if args.cuda_graph:  # the acting pass as a CUDA graph, recorded in train mode (NoisyNets draw in it)
+        graphed_policy = GraphedPolicy(ObservationOnly(q_net.train()), args.num_envs)
+        policy = lambda inputs: graphed_policy(inputs["obs"])
     with stop_signals() as stopped:
         while global_step < args.total_timesteps and not stopped():
             epsilon = epsilon_schedule(global_step, args.epsilon_decay_steps, args.learning_starts, args.end_e)
             epsilon = 0.0 if args.noisy else epsilon  # NoisyNets explore: the training epsilon is 0 (zero_epsilon)
-            actions = select_actions(q_net, obs, epsilon, rng, num_actions, device, policy)
+            inputs = network_inputs(obs, tracker)  # the agent acts in train mode: its NoisyNets explore
+            actions, acting = select_actions(q_net, inputs, epsilon, rng, num_actions, device, policy)
             envs.send(tracker.actions(actions))  # the emulators step in their threads while the network learns
 
             if global_step > learn_from and replay.can_sample(args.n_step):
@@ -1116,11 +1240,19 @@ def main(args: Args) -> dict:
             next_obs, rewards, terminated, truncated, info = envs.recv()
             step = tracker.step(rewards, terminated, truncated, info)
             clipped = np.clip(rewards, -1, 1)  # Dopamine's runner clips before the agent stores; returns stay scores
-            replay.add(frames=obs[:, -1], actions=actions, rewards=clipped, terminals=step.terminal, valid=step.valid,
-                       history=step.history)  # fmt: skip
+            stored = {name: inputs[name] for name in replay.INPUTS}  # a state's further inputs go with its row
+            replay.add(
+                frames=obs[:, -1],
+                actions=actions,
+                rewards=clipped,
+                terminals=step.terminal,
+                valid=step.valid,
+                history=step.history,
+                **stored,
+            )
             global_step += int(step.acted.sum())
             obs = tracker.agent_view(next_obs)
-            run.log_step(global_step, step.finished, next_obs, epsilon, updates, metrics)
+            run.log_step(global_step, step.finished, next_obs, updates, metrics, acting)
     envs.close()
     last_multiple = args.snapshot_every and period_crossed(last_sync, global_step, args.snapshot_every)
     if last_multiple and not stopped() and replay.can_sample(args.n_step):  # a finished run's final network, as the
@@ -1135,7 +1267,8 @@ class Run:
     """Everything a run writes, and the timers that decide when."""
 
     def __init__(self, args, rom, q_net, target_net, optimizer, replay, rng, device, global_step, updates, episodes):
-        self.args, self.rom, self.game, self.episodes, self.losses = args, rom, atari.camel_name(rom), episodes, {}
+        self.args, self.rom, self.game, self.episodes = args, rom, atari.camel_name(rom), episodes
+        self.losses, self.acting = {}, {}  # the latest scalars of the loss's metrics and of the acting step
         self.q_net, self.target_net, self.optimizer, self.replay, self.rng = q_net, target_net, optimizer, replay, rng
         self.device = device
         self.start_step = self.last_step = global_step
@@ -1152,8 +1285,14 @@ class Run:
         if args.track:
             import wandb
 
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=vars(args), name=self.run_name, save_code=True)  # fmt: skip
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=vars(args),
+                name=self.run_name,
+                save_code=True,
+            )
         self.writer = SummaryWriter(self.run_dir)
         table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
         self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
@@ -1161,17 +1300,26 @@ class Run:
         resumed = (
             f"; resuming at step {global_step:,} ({replay.count * replay.num_envs:,} stored)" if global_step else ""
         )
-        print(f"{self.run_name}: {args.moe} on the {args.encoder} encoder, {sum(parts.values()):,} parameters {parts}, "
-              f"{args.num_envs} env(s), {args.protocol} protocol, replay {replay.rows * replay.num_envs:,} transitions "
-              f"({replay.nbytes / 1e9:.2f} GB), device {device}{resumed}")  # fmt: skip
+        print(
+            f"{self.run_name}: {args.moe} on the {args.encoder} encoder, {sum(parts.values()):,} parameters {parts}, "
+            f"{args.num_envs} env(s), {args.protocol} protocol, replay {replay.rows * replay.num_envs:,} transitions "
+            f"({replay.nbytes / 1e9:.2f} GB), device {device}{resumed}"
+        )
         self.summary = dict(
-            args=asdict(args), run_name=self.run_name, code=code_version(), device=str(device), game=self.game,
-            start_step=global_step, num_parameters=sum(parts.values()), parameters_by_part=parts,
-            replay_bytes=replay.nbytes, replay_bytes_per_transition=replay.BYTES_PER_TRANSITION,
-        )  # fmt: skip
+            args=asdict(args),
+            run_name=self.run_name,
+            code=code_version(),
+            device=str(device),
+            game=self.game,
+            start_step=global_step,
+            num_parameters=sum(parts.values()),
+            parameters_by_part=parts,
+            replay_bytes=replay.nbytes,
+            replay_bytes_per_transition=replay.BYTES_PER_TRANSITION,
+        )
         self.video = atari.EpisodeVideo(os.path.join(self.run_dir, "videos")) if args.capture_video else None
 
-    def log_step(self, global_step, finished, next_obs, epsilon, updates, metrics):
+    def log_step(self, global_step, finished, next_obs, updates, metrics, acting):
         """Evaluations, episode returns, the per-iteration score, video frames, the progress line, periodic outputs."""
         if self.args.eval_every and period_crossed(self.last_step, global_step, self.args.eval_every):
             self.log_evaluation(global_step)
@@ -1196,14 +1344,20 @@ class Run:
             self.losses = {k: float(v) for k, v in metrics.items() if torch.is_tensor(v) and v.dim() == 0}
             for k, v in self.losses.items():  # every scalar of the loss's metrics
                 writer.add_scalar(f"losses/{k}", v, global_step)
+            self.acting = {k: float(v) for k, v in acting.items() if np.ndim(v) == 0}
+            for k, v in self.acting.items():  # every scalar the acting step returned
+                writer.add_scalar(f"charts/{k}", v, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("charts/epsilon", epsilon, global_step)
             last = [r for _, r, _ in self.episodes[-100:]]
             mean = f"{np.mean(last):.1f}" if last else "-"
+            diagnostics = "".join(f" | {k} {v:.3f}" for k, v in self.acting.items())
             loss = f" | td loss {self.losses['td_loss']:.4f}" if self.losses else ""
-            print(f"step {global_step:,}/{args.total_timesteps:,} | {sps:,.0f} steps/s | updates {updates:,} | "
-                  f"episodes {len(self.episodes):,} | mean return (last 100) {mean} | epsilon {epsilon:.3f}{loss} | "
-                  f"{eta(args.total_timesteps - global_step, learning_sps, sps)}", flush=True)  # fmt: skip
+            print(
+                f"step {global_step:,}/{args.total_timesteps:,} | {sps:,.0f} steps/s | updates {updates:,} | "
+                f"episodes {len(self.episodes):,} | mean return (last 100) {mean}{diagnostics}{loss} | "
+                f"{eta(args.total_timesteps - global_step, learning_sps, sps)}",
+                flush=True,
+            )
             self.t_log = now
         if now - self.t_write >= 60 * args.write_every_minutes:
             self.write_outputs(global_step, updates, complete=False)
@@ -1216,21 +1370,37 @@ class Run:
         mean_return = float(np.mean(last)) if last else None
         iterations = iteration_returns(episodes, args.iteration_steps, global_step)
         self.summary.update(
-            complete=complete, global_step=global_step, updates=updates, episodes=len(episodes), wall_time=elapsed,
-            sps=(global_step - self.start_step) / max(elapsed, 1e-9), mean_return_last_100=mean_return,
-            episodes_in_mean=len(last), human_normalized_score=atari.human_normalized(mean_return, self.rom),
-            random_human_scores=atari.RANDOM_HUMAN_SCORES.get(self.game), iteration_returns=iterations,
-            last_iteration_mean_return=iterations[-1]["mean_return"] if iterations else None, losses=self.losses,
-        )  # fmt: skip
+            complete=complete,
+            global_step=global_step,
+            updates=updates,
+            episodes=len(episodes),
+            wall_time=elapsed,
+            sps=(global_step - self.start_step) / max(elapsed, 1e-9),
+            mean_return_last_100=mean_return,
+            episodes_in_mean=len(last),
+            human_normalized_score=atari.human_normalized(mean_return, self.rom),
+            random_human_scores=atari.RANDOM_HUMAN_SCORES.get(self.game),
+            iteration_returns=iterations,
+            last_iteration_mean_return=iterations[-1]["mean_return"] if iterations else None,
+            losses=self.losses,
+            acting=self.acting,
+        )
         with open(os.path.join(self.run_dir, "episodes.csv"), "w", newline="") as f:
             csv.writer(f).writerows([("global_step", "return", "length"), *episodes])
         if args.save_model:
             path = os.path.join(self.run_dir, f"{SCRIPT}.pt")
-            state = {"q_net": self.q_net.state_dict(), "target_net": self.target_net.state_dict(),
-                     "optimizer": self.optimizer.state_dict(), "global_step": global_step, "updates": updates,
-                     "episodes": episodes, "numpy_rng": self.rng.bit_generator.state,
-                     "torch_rng": torch.get_rng_state(), "cuda_rng": cuda_rng_state(self.q_net),
-                     "evaluations": self.summary.get("evaluations", [])}  # fmt: skip
+            state = {
+                "q_net": self.q_net.state_dict(),
+                "target_net": self.target_net.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "global_step": global_step,
+                "updates": updates,
+                "episodes": episodes,
+                "numpy_rng": self.rng.bit_generator.state,
+                "torch_rng": torch.get_rng_state(),
+                "cuda_rng": cuda_rng_state(self.q_net),
+                "evaluations": self.summary.get("evaluations", []),
+            }
             if args.checkpoint_replay:  # the replay first, under its own step's name; the older one goes last
                 state["replay"] = save_replay(path, self.replay, global_step)
             save_checkpoint(path, args, state)
@@ -1246,10 +1416,19 @@ class Run:
         probe = self.replay.sample(32, np.random.default_rng(global_step), self.args.n_step, self.args.gamma)
         path = os.path.join(self.run_dir, "snapshots", f"{SCRIPT}_{global_step}.pt")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        torch.save({"script": SCRIPT, "args": asdict(self.args), "global_step": global_step,
-                    "num_actions": self.q_net.num_actions, "q_net": self.q_net.state_dict(),
-                    "target_net": self.target_net.state_dict(), "torch_rng": torch.get_rng_state(),
-                    "probe": {k: torch.from_numpy(v) for k, v in probe.items()}}, path)  # fmt: skip
+        torch.save(
+            {
+                "script": SCRIPT,
+                "args": asdict(self.args),
+                "global_step": global_step,
+                "num_actions": self.q_net.num_actions,
+                "q_net": self.q_net.state_dict(),
+                "target_net": self.target_net.state_dict(),
+                "torch_rng": torch.get_rng_state(),
+                "probe": to_tensors(probe, "cpu"),
+            },
+            path,
+        )
 
     def log_evaluation(self, global_step: int):
         """Evaluate (a generator seeded by the seed and the step), then write the mean score and its human-normalised
@@ -1261,17 +1440,28 @@ class Run:
         games = evaluate(self.q_net, self.args, self.rom, self.args.eval_episodes, self.device, rng)
         returns = np.array([r for r, _ in games])
         mean, hns = float(returns.mean()), atari.human_normalized(float(returns.mean()), self.rom)
-        evaluations.append({"global_step": global_step, "episodes": len(games), "mean_return": mean,
-                            "std_return": float(returns.std()), "human_normalized_score": hns,
-                            "mean_length": float(np.mean([n for _, n in games])), "returns": returns.tolist(),
-                            "seconds": time.time() - t0})  # fmt: skip
+        evaluations.append(
+            {
+                "global_step": global_step,
+                "episodes": len(games),
+                "mean_return": mean,
+                "std_return": float(returns.std()),
+                "human_normalized_score": hns,
+                "mean_length": float(np.mean([n for _, n in games])),
+                "returns": returns.tolist(),
+                "seconds": time.time() - t0,
+            }
+        )
         self.summary.update(eval_mean_return=mean, eval_human_normalized_score=hns)
         self.writer.add_scalar("eval/mean_return", mean, global_step)
         if hns is not None:
             self.writer.add_scalar("eval/human_normalized_score", hns, global_step)
-        print(f"evaluation at step {global_step:,}: {len(games)} episodes, mean return {mean:.1f} (sd "
-              f"{returns.std():.1f}), human-normalised {hns if hns is None else round(hns, 3)}, "
-              f"{time.time() - t0:.0f} s", flush=True)  # fmt: skip
+        print(
+            f"evaluation at step {global_step:,}: {len(games)} episodes, mean return {mean:.1f} (sd "
+            f"{returns.std():.1f}), human-normalised {hns if hns is None else round(hns, 3)}, "
+            f"{time.time() - t0:.0f} s",
+            flush=True,
+        )
 
     def finish(self, global_step, updates, complete: bool) -> dict:
         if not complete:
@@ -1283,10 +1473,12 @@ class Run:
         if mean_return is not None:
             self.writer.add_scalar("charts/mean_return_last_100", mean_return, global_step)
         mean, hns = "-" if mean_return is None else f"{mean_return:.1f}", hns if hns is None else round(hns, 3)
-        print(f"done: {global_step:,} steps, {len(self.episodes)} episodes, mean return (last "
-              f"{self.summary['episodes_in_mean']}) {mean}, human-normalised {hns}, {self.summary['sps']:,.0f} "
-              "steps/s" + (f"; evaluation {self.summary['eval_mean_return']:.1f}" if "eval_mean_return" in self.summary
-                           else ""))  # fmt: skip
+        print(
+            f"done: {global_step:,} steps, {len(self.episodes)} episodes, mean return (last "
+            f"{self.summary['episodes_in_mean']}) {mean}, human-normalised {hns}, {self.summary['sps']:,.0f} "
+            "steps/s"
+            + (f"; evaluation {self.summary['eval_mean_return']:.1f}" if "eval_mean_return" in self.summary else "")
+        )
         self.writer.close()
         if self.args.track:
             import wandb
@@ -1311,8 +1503,14 @@ def iteration_returns(episodes: list, iteration_steps: int, global_step: int) ->
     out = []
     for k in range(global_step // iteration_steps):
         if len(mine := returns[(ends - 1) // iteration_steps == k]):
-            out.append({"iteration": k, "end_step": (k + 1) * iteration_steps, "mean_return": float(mine.mean()),
-                        "episodes": len(mine)})  # fmt: skip
+            out.append(
+                {
+                    "iteration": k,
+                    "end_step": (k + 1) * iteration_steps,
+                    "mean_return": float(mine.mean()),
+                    "episodes": len(mine),
+                }
+            )
     return out
 
 

@@ -48,13 +48,19 @@ CHECKPOINT_FORMAT = "sarsa_lambda_silu_atari/1"
 FRAME_SHAPE = (105, 80)  # §3.3: luminance frames downsampled to 105x80
 STACK = 2  # the current and the previous agent step's frame
 TABLE2_SCORES = {  # Table 2: (random, DQN (Mnih et al. 2015; envs/atari_scores.csv), paper final, paper best)
-    "Alien": (227.8, 3069.0, 1370, 2246), "Amidar": (5.8, 739.5, 762, 904),
-    "Assault": (222.4, 3359.0, 2415, 2944), "Asterix": (210.0, 6012.0, 70942, 100322),
-    "Asteroids": (719.1, 1629.0, 6537, 10614), "Atlantis": (12850.0, 85641.0, 127651, 128983),
-    "BankHeist": (14.2, 429.7, 5, 770), "BattleZone": (2360.0, 26300.0, 22930, 29115),
-    "BeamRider": (363.9, 6846.0, 1829, 2176), "Bowling": (23.1, 42.4, 67, 75),
-    "Boxing": (0.1, 71.8, 36, 92), "Breakout": (1.7, 401.2, 25, 55),
-}  # fmt: skip
+    "Alien": (227.8, 3069.0, 1370, 2246),
+    "Amidar": (5.8, 739.5, 762, 904),
+    "Assault": (222.4, 3359.0, 2415, 2944),
+    "Asterix": (210.0, 6012.0, 70942, 100322),
+    "Asteroids": (719.1, 1629.0, 6537, 10614),
+    "Atlantis": (12850.0, 85641.0, 127651, 128983),
+    "BankHeist": (14.2, 429.7, 5, 770),
+    "BattleZone": (2360.0, 26300.0, 22930, 29115),
+    "BeamRider": (363.9, 6846.0, 1829, 2176),
+    "Bowling": (23.1, 42.4, 67, 75),
+    "Boxing": (0.1, 71.8, 36, 92),
+    "Breakout": (1.7, 401.2, 25, 55),
+}
 
 
 @dataclass
@@ -134,12 +140,24 @@ def make_env(args: Args, rom: str):
     current agent step's frame, each the luminance (ALE grayscale) max over the last two emulator frames of the skip,
     downsampled to 105x80; at an episode's first state the previous frame is zero. Rewards come back unclipped."""
     return ale_py.AtariVectorEnv(
-        rom, args.num_envs, num_threads=min(args.num_envs, os.cpu_count() or 1),
-        repeat_action_probability=0.0, full_action_space=False, use_fire_reset=args.fire_reset,  # no sticky actions
-        noop_max=args.noop_max, max_num_frames_per_episode=args.max_episode_frames, frameskip=args.frame_skip,
-        maxpool=True, grayscale=True, img_height=FRAME_SHAPE[0], img_width=FRAME_SHAPE[1], stack_num=STACK,
-        episodic_life=False, life_loss_info=False, reward_clipping=False,  # a lost life is not terminal
-    )  # fmt: skip
+        rom,
+        args.num_envs,
+        num_threads=min(args.num_envs, os.cpu_count() or 1),
+        repeat_action_probability=0.0,
+        full_action_space=False,
+        use_fire_reset=args.fire_reset,  # no sticky actions
+        noop_max=args.noop_max,
+        max_num_frames_per_episode=args.max_episode_frames,
+        frameskip=args.frame_skip,
+        maxpool=True,
+        grayscale=True,
+        img_height=FRAME_SHAPE[0],
+        img_width=FRAME_SHAPE[1],
+        stack_num=STACK,
+        episodic_life=False,
+        life_loss_info=False,
+        reward_clipping=False,  # a lost life is not terminal
+    )
 
 
 class EpisodeTracker:
@@ -388,8 +406,10 @@ def load_checkpoint(path: str, arch: dict | None = None, total_episodes: int = 0
     if ckpt["theta"].shape != (have["num_parameters"],):
         raise ValueError(f"{where} is damaged: theta has shape {tuple(ckpt['theta'].shape)}")
     if ckpt["episodes"] >= total_episodes > 0:
-        raise ValueError(f"{where} is already at episode {ckpt['episodes']:,}; raise --total-episodes above it (it "
-                         "counts from the run's start) or evaluate it with benchmark/sarsa_analysis.py")  # fmt: skip
+        raise ValueError(
+            f"{where} is already at episode {ckpt['episodes']:,}; raise --total-episodes above it (it "
+            "counts from the run's start) or evaluate it with benchmark/sarsa_analysis.py"
+        )
     return ckpt
 
 
@@ -421,8 +441,14 @@ class Run:
         if args.track:
             import wandb
 
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=vars(args), name=name, save_code=True)  # fmt: skip
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=vars(args),
+                name=name,
+                save_code=True,
+            )
         summary["run_name"], self.dir = name, os.path.join("runs", name)
         self.writer = SummaryWriter(self.dir)
         table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
@@ -432,8 +458,10 @@ class Run:
         P, loaded = summary["num_parameters"], f"; loaded {args.resume} at episode {episodes:,}" if ckpt else ""
         if ckpt and (trained := (ckpt["args"].get("tau0"), ckpt["args"].get("tau_k"))) != (args.tau0, args.tau_k):
             loaded += f" (note: trained with --tau0 {trained[0]} --tau-k {trained[1]}; tau(i) now follows this run's)"
-        print(f"{name}: {P:,} parameters, {summary['num_actions']} actions, {args.num_envs} env(s) (traces "
-              f"{args.num_envs * P * 4 / 1e6:.1f} MB), device {summary['device']}{loaded}")  # fmt: skip
+        print(
+            f"{name}: {P:,} parameters, {summary['num_actions']} actions, {args.num_envs} env(s) (traces "
+            f"{args.num_envs * P * 4 / 1e6:.1f} MB), device {summary['device']}{loaded}"
+        )
 
     def video(self, obs: np.ndarray, episode_ended: bool):
         """Env 0's frames; mp4s of its episodes 0, 1, 8, 27, ..., 729, 1000, 2000, ... (Gymnasium's capped cubic)."""
@@ -455,10 +483,13 @@ class Run:
         if td_count:
             writer.add_scalar("losses/abs_td_error", abs_td / td_count, global_step)
             writer.add_scalar("losses/q_taken", q_sum / td_count, global_step)
-        print(f"episodes {episodes:,}/{args.total_episodes:,} | steps {global_step:,} | {sps:,.0f} steps/s | mean "
-              f"score (last {args.final_window}) {np.mean(recent) if recent else math.nan:.1f} | tau {tau:.4f} | "
-              f"|delta| {abs_td / max(td_count, 1):.4f} | ETA {eta(history['length'], args.total_episodes, sps)} "
-              "(episodes as long as the last 100)", flush=True)  # fmt: skip
+        print(
+            f"episodes {episodes:,}/{args.total_episodes:,} | steps {global_step:,} | {sps:,.0f} steps/s | mean "
+            f"score (last {args.final_window}) {np.mean(recent) if recent else math.nan:.1f} | tau {tau:.4f} | "
+            f"|delta| {abs_td / max(td_count, 1):.4f} | ETA {eta(history['length'], args.total_episodes, sps)} "
+            "(episodes as long as the last 100)",
+            flush=True,
+        )
 
     def write(self, history: dict) -> None:
         """summary.json with Table 2's scores, episodes.csv, and the learning curve (Fig. 5) as CSV and PNG."""
@@ -466,20 +497,32 @@ class Run:
         final = float(scores[-args.final_window :].mean()) if len(scores) else None
         best = best_window_mean(scores, args.final_window) if len(scores) else None
         ref = TABLE2_SCORES.get(game, (None,) * 4)
-        self.summary.update(final_window=min(args.final_window, len(scores)), final_mean_score=final,
-                            best_mean_score=best, final_dqn_normalized=dqn_normalized(final, game),
-                            best_dqn_normalized=dqn_normalized(best, game), random_score=ref[0], dqn_score=ref[1],
-                            paper_final_score=ref[2], paper_best_score=ref[3])  # fmt: skip
+        self.summary.update(
+            final_window=min(args.final_window, len(scores)),
+            final_mean_score=final,
+            best_mean_score=best,
+            final_dqn_normalized=dqn_normalized(final, game),
+            best_dqn_normalized=dqn_normalized(best, game),
+            random_score=ref[0],
+            dqn_score=ref[1],
+            paper_final_score=ref[2],
+            paper_best_score=ref[3],
+        )
         with open(os.path.join(self.dir, "summary.json"), "w") as f:
             json.dump(self.summary, f, indent=2)
         with open(os.path.join(self.dir, "episodes.csv"), "w", newline="") as f:
-            csv.writer(f).writerows([("episode", "global_step", "score", "length"), *zip(range(1, len(scores) + 1),
-                                     history["global_step"], scores, history["length"], strict=True)])  # fmt: skip
+            csv.writer(f).writerows(
+                [
+                    ("episode", "global_step", "score", "length"),
+                    *zip(range(1, len(scores) + 1), history["global_step"], scores, history["length"], strict=True),
+                ]
+            )
         block = 100 if len(scores) >= 1000 else max(len(scores) // 10, 1)
         means = scores[: len(scores) // block * block].reshape(-1, block).mean(1)  # mean score per block of episodes
         with open(os.path.join(self.dir, "learning_curve.csv"), "w", newline="") as f:
-            csv.writer(f).writerows([("episode", f"mean_score_{block}"), *(((b + 1) * block, f"{m:.3f}")
-                                     for b, m in enumerate(means))])  # fmt: skip
+            csv.writer(f).writerows(
+                [("episode", f"mean_score_{block}"), *(((b + 1) * block, f"{m:.3f}") for b, m in enumerate(means))]
+            )
         if len(means):
             from matplotlib.figure import Figure
 
@@ -502,9 +545,11 @@ class Run:
             kept = f"; the last good checkpoint is {s['checkpoint']}" if "checkpoint" in s else ""
             raise SystemExit(f"error: {s['diverged']}: stopped (summary.json written{kept})")
         final, best = (math.nan if s[k] is None else s[k] for k in ("final_mean_score", "best_mean_score"))
-        print(f"done: {s['episodes']:,} episodes, {s['global_step']:,} steps, {s['sps']:,.0f} steps/s; final mean "
-              f"score (last {s['final_window']}) {final:,.1f}, best mean {best:,.1f} (paper: {s['paper_final_score']} "
-              f"/ {s['paper_best_score']}); DQN-normalised and more in {self.dir}/summary.json")  # fmt: skip
+        print(
+            f"done: {s['episodes']:,} episodes, {s['global_step']:,} steps, {s['sps']:,.0f} steps/s; final mean "
+            f"score (last {s['final_window']}) {final:,.1f}, best mean {best:,.1f} (paper: {s['paper_final_score']} "
+            f"/ {s['paper_best_score']}); DQN-normalised and more in {self.dir}/summary.json"
+        )
         if self.args.save_model:
             print(f"saved {s['checkpoint']}")
 
@@ -535,8 +580,13 @@ def main(args: Args) -> dict:
     rom = atari.game_from_env_id(args.env_id)
     envs = make_env(args, rom)
     num_actions = int(envs.single_action_space.n)
-    arch = {"game": rom, "num_actions": num_actions, "activations": args.activations, "padding": args.padding,
-            "num_parameters": num_parameters(num_actions, args.padding)}  # fmt: skip
+    arch = {
+        "game": rom,
+        "num_actions": num_actions,
+        "activations": args.activations,
+        "padding": args.padding,
+        "num_parameters": num_parameters(num_actions, args.padding),
+    }
     try:
         ckpt = load_checkpoint(args.resume, arch, args.total_episodes) if args.resume else None
         # the generator's state is per device type (older checkpoints: a CPU state is 5,056 bytes, a CUDA one 16)
@@ -559,21 +609,45 @@ def main(args: Args) -> dict:
         episodes, global_step = int(ckpt["episodes"]), int(ckpt["global_step"])
         history = {k: v.tolist() for k, v in ckpt["history"].items()}
         rng.set_state(ckpt["rng_state"])
-    summary = {"args": asdict(args), "code": code_version(), "device": str(device), "game": atari.camel_name(rom),
-               "num_actions": num_actions, "num_parameters": P, "start_episode": episodes}  # fmt: skip
+    summary = {
+        "args": asdict(args),
+        "code": code_version(),
+        "device": str(device),
+        "game": atari.camel_name(rom),
+        "num_actions": num_actions,
+        "num_parameters": P,
+        "start_episode": episodes,
+    }
     start_step, t_start = global_step, time.time()
 
     def write(complete: bool):  # summary.json, episodes.csv, the learning curve and (with --save-model) the checkpoint
         elapsed = time.time() - t_start
-        summary.update(complete=complete, global_step=global_step, episodes=episodes, wall_time=elapsed,
-                       sps=(global_step - start_step) / max(elapsed, 1e-9),
-                       final_temperature=temperature(episodes, args.tau0, args.tau_k))  # fmt: skip
+        summary.update(
+            complete=complete,
+            global_step=global_step,
+            episodes=episodes,
+            wall_time=elapsed,
+            sps=(global_step - start_step) / max(elapsed, 1e-9),
+            final_temperature=temperature(episodes, args.tau0, args.tau_k),
+        )
         if args.save_model and "diverged" not in summary:  # a diverged run keeps its last good checkpoint
             summary["checkpoint"] = path = os.path.join(run.dir, "sarsa_lambda_silu_atari.pt")
-            torch.save({"format": CHECKPOINT_FORMAT, "architecture": arch, "num_envs": N, "theta": theta.cpu(),
-                        "eligibility": eligibility.cpu(), "episodes": episodes, "global_step": global_step,
-                        "history": {k: torch.tensor(v) for k, v in history.items()}, "rng_state": rng.get_state().cpu(),
-                        "device": device.type, "args": asdict(args)}, f"{path}.tmp")  # fmt: skip
+            torch.save(
+                {
+                    "format": CHECKPOINT_FORMAT,
+                    "architecture": arch,
+                    "num_envs": N,
+                    "theta": theta.cpu(),
+                    "eligibility": eligibility.cpu(),
+                    "episodes": episodes,
+                    "global_step": global_step,
+                    "history": {k: torch.tensor(v) for k, v in history.items()},
+                    "rng_state": rng.get_state().cpu(),
+                    "device": device.type,
+                    "args": asdict(args),
+                },
+                f"{path}.tmp",
+            )
             os.replace(f"{path}.tmp", path)  # atomic: a stop while writing keeps the previous checkpoint
         run.write(history)
 
@@ -603,8 +677,20 @@ def main(args: Args) -> dict:
             reward = torch.as_tensor(rewards, dtype=torch.float32, device=device)
             reward = reward.clamp(-1.0, 1.0) if args.clip_rewards else reward
             q_next = q_next_all.gather(1, next_actions[:, None])[:, 0]
-            delta = sarsa_lambda_update(theta, eligibility, grad_q, q_taken, reward, q_next, ended & learn,
-                                        first_step, learn, args.alpha, args.gamma, args.lam)  # fmt: skip
+            delta = sarsa_lambda_update(
+                theta,
+                eligibility,
+                grad_q,
+                q_taken,
+                reward,
+                q_next,
+                ended & learn,
+                first_step,
+                learn,
+                args.alpha,
+                args.gamma,
+                args.lam,
+            )
             first_step = ~learn  # after a reset step, next_obs is a new episode's first state
             obs, actions = next_obs, next_actions
 

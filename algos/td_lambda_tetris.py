@@ -124,9 +124,14 @@ def fill_defaults(args: Args) -> Args:
     """The paper's defaults per experiment for the fields left at None (§3.1, §3.2; eq. 17 halves holes_scale)."""
     sz, deep = args.env_id == "envs/SZTetris-v0", args.network == "deep"
     height = tetris.VARIANTS[tetris.ENV_VARIANTS[args.env_id]][0] if args.env_id in tetris.ENV_VARIANTS else 20
-    defaults = dict(activation=("silu-dsilu",) if deep else ("dsilu",), total_episodes=200_000 if sz else 400_000,
-                    alpha=0.0001 if deep else 0.001, hidden=50 if sz else 250, final_window=1000 if sz else 10_000,
-                    holes_scale=33.0 * height / 20)  # fmt: skip
+    defaults = dict(
+        activation=("silu-dsilu",) if deep else ("dsilu",),
+        total_episodes=200_000 if sz else 400_000,
+        alpha=0.0001 if deep else 0.001,
+        hidden=50 if sz else 250,
+        final_window=1000 if sz else 10_000,
+        holes_scale=33.0 * height / 20,
+    )
     if deep:  # --hidden is the shallow net's width; the deep net's layers are fixed (§3.2)
         del defaults["hidden"]
     vars(args).update({name: value for name, value in defaults.items() if getattr(args, name) is None})
@@ -185,9 +190,11 @@ def dsilu_derivative(z):
 
 ACTIVATIONS = {"silu": silu, "dsilu": dsilu, "relu": torch.relu, "sigmoid": torch.sigmoid}
 DERIVATIVES = {  # da/dz for the shallow net's hand-derived gradient (eq. 11 for the SiLU, eq. 12 for the dSiLU)
-    "silu": dsilu, "dsilu": dsilu_derivative, "relu": lambda z: (z > 0).to(z.dtype),
+    "silu": dsilu,
+    "dsilu": dsilu_derivative,
+    "relu": lambda z: (z > 0).to(z.dtype),
     "sigmoid": lambda z: torch.sigmoid(z) * (1 - torch.sigmoid(z)),
-}  # fmt: skip
+}
 
 
 def activation_and_derivative(name: str, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -449,8 +456,18 @@ def advance_games(s: dict, after, cand_states, action, game_over, holes_next, td
         score = score.masked_fill(game_over, 0)
         length = length.masked_fill(game_over, 0)
     decay = torch.where(game_over, 0.0, k.gamma_lambda)  # the next step's gamma lambda (0 on a first step: e_0 = 0)
-    return s | dict(boards=boards, states=states, pieces=next_pieces, holes_now=holes_now, decay=decay, score=score,
-                    length=length, active=active, placements=placements, abs_td_sum=abs_td_sum)  # fmt: skip
+    return s | dict(
+        boards=boards,
+        states=states,
+        pieces=next_pieces,
+        holes_now=holes_now,
+        decay=decay,
+        score=score,
+        length=length,
+        active=active,
+        placements=placements,
+        abs_td_sum=abs_td_sum,
+    )
 
 
 def shallow_step(learner: ShallowTD, engine: tetris.ColumnEngine, s: dict, uniform, next_pieces, k: StepConstants):
@@ -510,8 +527,9 @@ def compiled_shallow_step(fallback: bool = True):
         learner.__dict__.update(zip(ShallowTD.STATE, tensors[:n], strict=True))
         s = dict(zip(keys, tensors[n : n + len(keys)], strict=True))
         uniform, next_pieces, *after, cand_states = tensors[n + len(keys) :]
-        new = shallow_learn(learner, graphs["engine"], s, tetris.Afterstates(*after), cand_states, uniform,
-                            next_pieces, graphs["k"])  # fmt: skip
+        new = shallow_learn(
+            learner, graphs["engine"], s, tetris.Afterstates(*after), cand_states, uniform, next_pieces, graphs["k"]
+        )
         graphs["out"] = [key for key in keys if new[key] is not s[key]]  # the rest is updated in place
         return tuple(new[key] for key in graphs["out"])
 
@@ -528,8 +546,13 @@ def compiled_shallow_step(fallback: bool = True):
         elif not (learner is graphs["learner"] and engine is graphs["engine"] and k is graphs["k"]):
             raise ValueError("compiled_shallow_step: one compiled step serves one learner, engine and StepConstants")
         after = graphs["afterstates"](s["boards"], s["pieces"])
-        inputs = [*(getattr(learner, name) for name in ShallowTD.STATE), *(s[key] for key in graphs["keys"]),
-                  uniform, next_pieces, *after]  # fmt: skip
+        inputs = [
+            *(getattr(learner, name) for name in ShallowTD.STATE),
+            *(s[key] for key in graphs["keys"]),
+            uniform,
+            next_pieces,
+            *after,
+        ]
         if "learn" not in graphs:
             graphs["learn"] = compile_graph(learn_flat, inputs, {"cpp_wrapper": True})
         return {**s, **dict(zip(graphs["out"], graphs["learn"](*inputs), strict=True)), "pieces": next_pieces}
@@ -591,8 +614,10 @@ def load_checkpoint(path: str, args: Args) -> dict:
     if timing != args.reward_timing:  # V means another thing under each timing; checkpoints before the flag: 'next'
         raise ValueError(f"--resume {path!r} was trained with --reward-timing {timing}; pass --reward-timing {timing}")
     if args.total_episodes <= (done := int(ckpt["episodes"].min())):
-        raise ValueError(f"--resume {path!r} is already at episode {done:,} (slowest run); raise --total-episodes "
-                         "above it (it counts from the start of the original run)")  # fmt: skip
+        raise ValueError(
+            f"--resume {path!r} is already at episode {done:,} (slowest run); raise --total-episodes "
+            "above it (it counts from the start of the original run)"
+        )
     return ckpt
 
 
@@ -626,8 +651,14 @@ class Progress:
         base = f"{base}__{int(time.time())}"  # a run started in the same second gets its own directory:
         name = next(n for n in [base, *(f"{base}-{i}" for i in range(2, 1000))] if not os.path.exists(f"runs/{n}"))
         if args.track:
-            __import__("wandb").init(project=args.wandb_project_name, entity=args.wandb_entity, name=name,
-                                     sync_tensorboard=True, config=vars(args), save_code=True)  # fmt: skip
+            __import__("wandb").init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                name=name,
+                sync_tensorboard=True,
+                config=vars(args),
+                save_code=True,
+            )
         self.run_dir, self.args, self.groups, self.episodes = os.path.join("runs", name), args, groups, episodes
         self.writer = SummaryWriter(self.run_dir)
         table = "".join(f"|{k}|{v}|\n" for k, v in vars(args).items())
@@ -665,12 +696,19 @@ class Progress:
         w.add_scalar("charts/placements_per_second", sps, placements)
         self.logged, self.t_log, self.steps = done.copy(), now, 0
         abs_td.zero_()
-        recent = [f"{a} {np.mean([sc[r, max(0, done[r] - 1000) : done[r]].mean() for r in range(i, j)]):.2f}"
-                  if done[i:j].min() > 0 else f"{a} -" for a, i, j in self.groups]  # fmt: skip
+        recent = [
+            f"{a} {np.mean([sc[r, max(0, done[r] - 1000) : done[r]].mean() for r in range(i, j)]):.2f}"
+            if done[i:j].min() > 0
+            else f"{a} -"
+            for a, i, j in self.groups
+        ]
         total = self.args.total_episodes
-        print(f"episodes {int(done.min()):,}/{total:,} (slowest run) | placements {placements:,} | {sps:,.0f} "
-              f"placements/s | mean score, last 1000 ep.: {', '.join(recent)} | tau {float(tau.mean()):.4f} | "
-              f"{eta(ln, done, total, steps_per_second)}", flush=True)  # fmt: skip
+        print(
+            f"episodes {int(done.min()):,}/{total:,} (slowest run) | placements {placements:,} | {sps:,.0f} "
+            f"placements/s | mean score, last 1000 ep.: {', '.join(recent)} | tau {float(tau.mean()):.4f} | "
+            f"{eta(ln, done, total, steps_per_second)}",
+            flush=True,
+        )
         self.summary.update(global_step=placements, wall_time=now - self.t_start, sps=sps)
         return True
 
@@ -718,9 +756,11 @@ class Progress:
                 continue
             runs = ", ".join(f"{v:.1f}" for v in info["final_score_per_run"])
             sd, spread = info["final_score_sd_episodes"], info["final_score_std_over_runs"]
-            print(f"{act}: final mean score over the last {info['final_window']} episodes: "
-                  f"{info['final_score_mean']:.2f} ± {sd:.2f} (sd of the episode scores; sd over runs {spread:.2f}; "
-                  f"runs: {runs}); paper: {info['paper_final_score']}")  # fmt: skip
+            print(
+                f"{act}: final mean score over the last {info['final_window']} episodes: "
+                f"{info['final_score_mean']:.2f} ± {sd:.2f} (sd of the episode scores; sd over runs {spread:.2f}; "
+                f"runs: {runs}); paper: {info['paper_final_score']}"
+            )
         if self.args.save_model:
             print(f"saved {self.summary['checkpoint']}")
         if self.args.track:
@@ -737,11 +777,16 @@ def score_summary(scores: np.ndarray, counts: np.ndarray, final_window: int) -> 
     last = np.stack([scores[r, c - window : c] for r, c in enumerate(counts)])  # (R, window)
     per_run, best = last.mean(1), int(last.mean(1).argmax())
     return dict(
-        final_window=window, final_score_per_run=per_run.tolist(), final_score_mean=float(per_run.mean()),
-        final_score_sd_episodes=float(last.std()), final_score_sd_episodes_per_run=last.std(1).tolist(),
-        final_score_std_over_runs=float(per_run.std()), final_score_best_run=float(per_run[best]),
-        final_score_best_run_index=best, final_score_best_run_sd_episodes=float(last[best].std()),
-    )  # fmt: skip
+        final_window=window,
+        final_score_per_run=per_run.tolist(),
+        final_score_mean=float(per_run.mean()),
+        final_score_sd_episodes=float(last.std()),
+        final_score_sd_episodes_per_run=last.std(1).tolist(),
+        final_score_std_over_runs=float(per_run.std()),
+        final_score_best_run=float(per_run[best]),
+        final_score_best_run_index=best,
+        final_score_best_run_sd_episodes=float(last[best].std()),
+    )
 
 
 def write_curves(run_dir, groups, scores, counts, args):
@@ -763,8 +808,15 @@ def write_curves(run_dir, groups, scores, counts, args):
         (line,) = ax.plot(x, means[a:b].mean(0), lw=2.5, label=f"{act}, mean of {b - a} runs")
         if (paper := PAPER_FINAL_SCORES.get((args.env_id, act))) is not None:
             ax.axhline(paper, color=line.get_color(), ls=":", lw=1, label=f"{act}, the paper's final score ({paper})")
-    np.savetxt(os.path.join(run_dir, "learning_curve.csv"), np.column_stack(list(columns.values())), fmt="%g",
-               delimiter=",", newline="\r\n", header=",".join(columns), comments="")  # fmt: skip
+    np.savetxt(
+        os.path.join(run_dir, "learning_curve.csv"),
+        np.column_stack(list(columns.values())),
+        fmt="%g",
+        delimiter=",",
+        newline="\r\n",
+        header=",".join(columns),
+        comments="",
+    )
     ax.set(xlabel="episode", ylabel=f"mean score per {block} episodes")
     ax.set_title(f"{args.env_id} {args.network}, {int(counts.min()):,} episodes per run (slowest)", fontsize=9)
     ax.legend(fontsize=8)
@@ -775,8 +827,14 @@ def write_curves(run_dir, groups, scores, counts, args):
 def eta(lengths: np.ndarray, done: np.ndarray, total: int, steps_per_second: float) -> str:
     """The time left if each run's episodes left are as long as its last 100 (a lower bound while they lengthen): every
     run places one piece per loop step, so the run with the most placements left sets it ("?" before its first game)."""
-    left = max([(total - d) * lengths[r, max(0, d - 100) : d].mean() if d else math.inf
-                for r, d in enumerate(done) if d < total], default=0.0)  # fmt: skip
+    left = max(
+        [
+            (total - d) * lengths[r, max(0, d - 100) : d].mean() if d else math.inf
+            for r, d in enumerate(done)
+            if d < total
+        ],
+        default=0.0,
+    )
     seconds = 0.0 if left == 0 else left / steps_per_second if steps_per_second > 0 else math.inf
     if not math.isfinite(seconds):
         return "ETA ?"
@@ -827,34 +885,56 @@ def main(args: Args) -> dict:
         scores[:, : ckpt["scores"].shape[1]], lengths[:, : ckpt["lengths"].shape[1]] = ckpt["scores"], ckpt["lengths"]
         print(f"loaded {args.resume} (episodes per run: {episodes.tolist()})")
     learner = ShallowTD(params, groups) if shallow else None
-    traces = ({k: getattr(learner, k) for k in ShallowTD.STATE} if shallow  # the deep net's: e per parameter tensor
-              else {k: torch.zeros_like(v) for k, v in params.items()})  # fmt: skip
+    traces = (
+        {k: getattr(learner, k) for k in ShallowTD.STATE}
+        if shallow  # the deep net's: e per parameter tensor
+        else {k: torch.zeros_like(v) for k, v in params.items()}
+    )
     num_params, threads = sum(v[0].numel() for v in params.values()), torch.get_num_threads()
     log = Progress(args, groups, episodes)
-    print(f"{log.summary['run_name']}: {n} run(s) each of a {args.network} {' / '.join(args.activation)} net "
-          f"({num_params:,} parameters each) on {args.env_id}, {engine.num_placements} placements per piece, device "
-          f"{device}, {threads} torch thread(s)")  # fmt: skip
+    print(
+        f"{log.summary['run_name']}: {n} run(s) each of a {args.network} {' / '.join(args.activation)} net "
+        f"({num_params:,} parameters each) on {args.env_id}, {engine.num_placements} placements per piece, device "
+        f"{device}, {threads} torch thread(s)"
+    )
     log.summary.update(device=str(device), num_parameters_per_run=num_params, torch_threads=threads)
     target = torch.full_like(episodes, args.total_episodes)  # counted from the original start, as in every script
     zeros = functools.partial(torch.zeros, R, device=device)
     # the carry: s_t (boards: (R, W) column bits, or (R, H, W) cells for the deep net; states: its input rows (R, 21),
     # or the board) and its piece, the games in progress, the learning statistics, the record (updated in place)
     carry = dict(
-        boards=empty_board.expand(R, *empty_board.shape).clone(), pieces=pieces_tensor[draw()],
-        states=empty_state.expand(R, *empty_state.shape).clone(), holes_now=torch.zeros_like(episodes),
-        decay=zeros(), score=zeros(), length=episodes * 0, active=episodes < target,
-        placements=torch.zeros((), dtype=torch.long, device=device), abs_td_sum=zeros(),
-        episodes=episodes, scores=scores, lengths=lengths,
-    )  # fmt: skip
+        boards=empty_board.expand(R, *empty_board.shape).clone(),
+        pieces=pieces_tensor[draw()],
+        states=empty_state.expand(R, *empty_state.shape).clone(),
+        holes_now=torch.zeros_like(episodes),
+        decay=zeros(),
+        score=zeros(),
+        length=episodes * 0,
+        active=episodes < target,
+        placements=torch.zeros((), dtype=torch.long, device=device),
+        abs_td_sum=zeros(),
+        episodes=episodes,
+        scores=scores,
+        lengths=lengths,
+    )
     if ckpt is not None and "state" in ckpt:  # exactly where the run stopped: traces, games in progress, generator
         for k, v in traces.items():
             v.copy_(ckpt["state"]["traces"][k])
         carry.update({k: v.to(device) for k, v in ckpt["state"]["games"].items()})
         rng.set_state(ckpt["state"]["rng"])
     k = StepConstants(
-        args.gamma, args.alpha, args.gamma * args.lam, args.tau0, args.tau_k, args.holes_scale, args.reward_timing,
-        empty_board, empty_state, target, _bias_encoding_table(height, width, device) if shallow else None,
-    )  # fmt: skip
+        args.gamma,
+        args.alpha,
+        args.gamma * args.lam,
+        args.tau0,
+        args.tau_k,
+        args.holes_scale,
+        args.reward_timing,
+        empty_board,
+        empty_state,
+        target,
+        _bias_encoding_table(height, width, device) if shallow else None,
+    )
     shallow_step_fn = compiled_shallow_step() if args.compile else shallow_step
 
     def train_step(s, uniform, next_pieces):

@@ -10,10 +10,10 @@ inside. Three parts (`--parts`):
    flatten to PyTorch's CHW flatten), run both on the same real Atari stacks (Boxing and Breakout, random play) with
    the noise off, and report the largest difference in Q (and in the C51 logits). For noisy experts it also reports
    the reference's own eval mode, which leaves the experts' noise on (its ExpertModel never receives eval_mode).
-2. Own initialisations, for the networks of our Atari-100k runs (DER.gin's Nature CNN with 4 experts, and the Impala
-   network with 8 experts of the paper's 50M-step Fig. 12, the presets' default): the root mean square of every
-   parameter tensor (the NoisyNet sigmas are constants), and the routing each starts with on those states (dispatch
-   entropy / log m, 1 = every slot the mean token).
+2. Own initialisations, for the networks of our Atari-100k runs (DER.gin's Nature CNN with 4 experts, and the
+   reference code's Impala encoder with 8 experts, Fig. 12's expert count, the presets' default): the root mean square
+   of every parameter tensor (the NoisyNet sigmas are constants), and the routing each starts with on those states
+   (dispatch entropy / log m, 1 = every slot the mean token).
 3. One update on the same batch: the reference's jitted train() (full_rainbow_moe_agent; offline_rainbow_agent for
    CQL; dqn_moe_agent for DQN) against our rainbow_loss / cql_loss / dqn_loss and torch Adam, comparing the losses
    and the parameters after the step.
@@ -223,8 +223,8 @@ def configurations() -> list[dict]:
     return [
         dict(name="DER.gin: Rainbow, Nature CNN, Soft MoE 4 experts", **rainbow, **nature4, moe="softmoe"),
         dict(name="DER baseline: Rainbow, Nature CNN, no MoE", **rainbow, **nature4, moe="none"),
-        dict(name="Fig. 12: Rainbow (full_rainbow.gin's agent), Impala, Soft MoE 8 experts (the gin: 4)", **rainbow,
-             **impala8, moe="softmoe"),
+        dict(name="Rainbow (full_rainbow.gin's agent), the reference's Impala, Soft MoE 8 experts (the gin: 4)",
+             **rainbow, **impala8, moe="softmoe"),
         dict(name="Rainbow, Impala, no MoE", **rainbow, **impala8, moe="none"),
         dict(name="Rainbow, Impala, widened baseline x8 (scale_hidden_layer)", **rainbow, **impala8, moe="none",
              width_multiplier=8),
@@ -303,7 +303,7 @@ def flatten(params) -> dict:
 def loaded_network(flat: dict, cfg: dict, num_actions: int):
     """Our network for cfg holding the reference's parameters (every one of ours filled, none left over), noise off."""
     net = our_network(cfg, num_actions)
-    rainbow_softmoe.set_noise(net, False)
+    net.eval()  # the noise off
     with torch.no_grad():
         features = tuple(net.encoder(torch.zeros(1, 4, 84, 84))[0].shape)
     missing, unexpected = net.load_state_dict(to_ours(flat, cfg, features), strict=False)
@@ -452,6 +452,7 @@ def one_update(networks, agents, states: np.ndarray, num_actions: int) -> list[d
         adam = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_eps)
         tensors = {k: torch.from_numpy(np.asarray(v)) for k, v in batch.items()}
         tensors["actions"] = tensors["actions"].long()
+        tensors["states"], tensors["next_states"] = {"obs": tensors["states"]}, {"obs": tensors["next_states"]}
         losses = {"rainbow": rainbow_softmoe.rainbow_loss, "cql": cql_softmoe.cql_loss, "dqn": dqn_softmoe.dqn_loss}
         loss_fn = losses[family]
         loss, metrics = loss_fn(q_net, target_net, tensors, args)
@@ -500,7 +501,7 @@ def same_weights(networks, states: np.ndarray, num_actions: int) -> list[dict]:
         )
         ours = loaded_network(flat, cfg, num_actions)
         with torch.no_grad():
-            q, aux = ours(torch.from_numpy(states), return_aux=True)
+            q, aux = ours({"obs": torch.from_numpy(states)}, return_aux=True)
         row = {
             "config": cfg["name"],
             "parameters": sum(v.size for v in flat.values()),
@@ -543,7 +544,7 @@ def initialisations(networks, states: np.ndarray, num_actions: int, seeds: int) 
             flat, *_ = reference_apply(networks, cfg, num_actions, jax.random.PRNGKey(seed), states_hwc[:1])
             torch.manual_seed(seed)
             ours = our_network(cfg, num_actions)
-            rainbow_softmoe.set_noise(ours, False)
+            ours.eval()  # the noise off
             theirs = loaded_network(flat, cfg, num_actions)
             for name, p in ours.state_dict().items():
                 if name == "support":
@@ -554,7 +555,7 @@ def initialisations(networks, states: np.ndarray, num_actions: int, seeds: int) 
                 stats["reference"].append(float(other.float().pow(2).mean().sqrt()))
             for who, net in (("ours", ours), ("reference", theirs)):
                 with torch.no_grad():
-                    _, aux = net(torch.from_numpy(states), return_aux=True)
+                    _, aux = net({"obs": torch.from_numpy(states)}, return_aux=True)
                 d = aux["dispatch"]  # (B, m, n, p)
                 ent = -(d * d.clamp_min(1e-30).log()).sum(1) / math.log(d.shape[1])
                 entropy[who].append(float(ent.mean()))

@@ -26,8 +26,8 @@ def flops_of(module, loss_name: str, moe: str, batch_size: int, num_actions: int
     args = module.fill_defaults(parse(argv))
     q_net, target_net = module.build_network(args, num_actions), module.build_network(args, num_actions)
     batch = {
-        "states": torch.rand(batch_size, 4, 84, 84),
-        "next_states": torch.rand(batch_size, 4, 84, 84),
+        "states": {"obs": torch.rand(batch_size, 4, 84, 84)},
+        "next_states": {"obs": torch.rand(batch_size, 4, 84, 84)},
         "actions": torch.randint(0, num_actions, (batch_size,)),
         "rewards": torch.rand(batch_size),
         "terminals": torch.zeros(batch_size),
@@ -40,7 +40,7 @@ def flops_of(module, loss_name: str, moe: str, batch_size: int, num_actions: int
 
     def act():
         with torch.no_grad():
-            q_net(torch.rand(1, 4, 84, 84))
+            q_net({"obs": torch.rand(1, 4, 84, 84)})
 
     return count(update), count(act)
 

@@ -134,8 +134,7 @@ def network_analysis(q_net, target_net, batch: dict, args, loss_fn, ntk_memory_b
         out["srank_threshold_0.01_expert_hidden"] = threshold_rank(hidden.reshape(len(hidden), -1), 0.01)
 
     def per_sample_loss(i):
-        one = {k: v[i : i + 1] for k, v in batch.items()}
-        return loss_fn(q_net, target_net, one, args)[1]["per_sample_loss"][0]
+        return loss_fn(q_net, target_net, rows(batch, i), args)[1]["per_sample_loss"][0]
 
     params = [p for p in q_net.parameters() if p.requires_grad]
     K = empirical_ntk(per_sample_loss, params, len(batch["actions"]), ntk_memory_bytes)
@@ -172,17 +171,28 @@ def analyse_snapshot(path: str, ntk_memory_mb: int = 512, device: str = "cpu") -
     for key in ("q_net", "target_net"):
         net = script.build_network(args, snap["num_actions"]).to(device, memory_format=torch.channels_last)
         net.load_state_dict(snap[key])
-        if hasattr(script, "set_noise"):  # NoisyNets: the statistics of the mean network
-            script.set_noise(net, False)
-        nets.append(net)
+        nets.append(net.eval())  # the statistics of the mean network (NoisyNets' noise off)
     nets[1].requires_grad_(False)
-    batch = {k: v.to(device) for k, v in snap["probe"].items()}
+    probe = snap["probe"]
+    for key in ("states", "next_states"):  # a snapshot written before the network took a mapping of its inputs
+        if torch.is_tensor(probe[key]):
+            probe[key] = {"obs": probe[key]}
+    batch = to_device(probe, device)
     if "weights" in batch:  # prioritised replay's importance weights: the plain per-sample loss is measured
         batch["weights"] = torch.ones_like(batch["weights"])
     loss_fn = getattr(script, f"{snap['script'].removesuffix('_softmoe')}_loss")
     torch.set_rng_state(snap["torch_rng"])  # a random Phi and Top1's load-loss noise draw what the run would have
     out = network_analysis(nets[0], nets[1], batch, args, loss_fn, ntk_memory_mb * 2**20)
     return {"global_step": snap["global_step"]} | out
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: to_device(v, device) if isinstance(v, dict) else v.to(device) for k, v in batch.items()}
+
+
+def rows(batch: dict, i: int) -> dict:
+    """Sample i of a batch (its input mappings included) as a batch of one."""
+    return {k: rows(v, i) if isinstance(v, dict) else v[i : i + 1] for k, v in batch.items()}
 
 
 def check_snapshot(path: str):

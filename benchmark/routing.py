@@ -27,29 +27,29 @@ from envs import exit_if_damaged  # noqa: E402  (the script put the repository r
 from moe_analysis import routing_statistics  # noqa: E402  (beside this file)
 
 
-def statistics(net, states: torch.Tensor) -> dict:
+def statistics(net, inputs: dict) -> dict:
     with torch.no_grad():
-        q, aux = net(states, return_aux=True)
-        tokens = rb.tokenize(net.encoder(states.float() / 255.0), "perconv")  # (B, h*w, d), whatever the network
+        q, aux = net(inputs, return_aux=True)
+        tokens = rb.tokenize(net.encoder(inputs["obs"].float() / 255.0), "perconv")  # (B, h*w, d), whatever the network
     out = routing_statistics(aux) if "dispatch" in aux else {}
     out["q_mean"] = float(q.mean())
     out["q_spread_over_actions"] = float(q.std(1).mean())
     out["token_norm_in"] = float(tokens.norm(dim=-1).mean())
     if "dispatch" in aux:
         out["phi_norm"] = float(net.moe.phi.detach().norm()) if net.moe.phi is not None else None
-        if hasattr(net.moe.experts, "noise"):
-            out["same_greedy_action_with_expert_noise"] = expert_noise_agreement(net, states, q.argmax(1))
+        if hasattr(net.moe.experts, "w1_sigma"):
+            out["same_greedy_action_with_expert_noise"] = expert_noise_agreement(net, inputs, q.argmax(1))
     return out
 
 
-def expert_noise_agreement(net, states: torch.Tensor, greedy: torch.Tensor, draws: int = 10) -> float:
+def expert_noise_agreement(net, inputs: dict, greedy: torch.Tensor, draws: int = 10) -> float:
     """Fraction of states whose greedy action (all noise off) is unchanged with only the experts' noise on, mean over
     `draws` noise draws (torch's generator, seed 0)."""
     torch.manual_seed(0)
-    net.moe.experts.noise = True
+    net.moe.experts.train()  # the experts alone in train mode: their noise on, every other layer's off
     with torch.no_grad():
-        same = [float((net(states).argmax(1) == greedy).float().mean()) for _ in range(draws)]
-    net.moe.experts.noise = False
+        same = [float((net(inputs).argmax(1) == greedy).float().mean()) for _ in range(draws)]
+    net.moe.experts.eval()
     return float(np.mean(same))
 
 
@@ -78,7 +78,7 @@ def main():
             saved.pop(key, None)
         replay.load_state_dict(saved)
         batch = replay.sample(cli.states, np.random.default_rng(0), args.n_step, args.gamma)
-        states = torch.from_numpy(batch["states"])
+        inputs = rb.to_tensors(batch["states"], "cpu")
         head_bias = ckpt["q_net"].get("advantage.bias", ckpt["q_net"].get("advantage.bias_mu"))  # plain | noisy
         num_actions = len(head_bias) // args.num_atoms
         trained = rb.build_network(args, num_actions)
@@ -86,12 +86,12 @@ def main():
         torch.manual_seed(0)
         fresh = rb.build_network(args, num_actions)
         for net in (trained, fresh):
-            rb.set_noise(net, False)
+            net.eval()  # the noise off
         report[name] = {
             "checkpoint": os.path.relpath(path, ROOT),
             "global_step": ckpt["global_step"],
-            "trained": statistics(trained, states),
-            "initialised": statistics(fresh, states),
+            "trained": statistics(trained, inputs),
+            "initialised": statistics(fresh, inputs),
         }
         t, i = report[name]["trained"], report[name]["initialised"]
         line = (

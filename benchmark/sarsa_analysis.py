@@ -150,6 +150,8 @@ def evaluate(train: sarsa.Args, rom, base, params, kind, x, device, episodes, co
         "mean_length": float(np.mean(lengths)),
         "exploratory_actions_per_episode": float(np.mean(explored)),
         "dqn_normalized": sarsa.dqn_normalized(float(np.mean(scores)), sarsa.atari.camel_name(rom)),
+        "episode_scores": scores,  # in the order the episodes ended
+        "episode_lengths": lengths,
     }
     return result, value_episodes
 
@@ -196,6 +198,21 @@ def write_value_analysis(run_dir: str, episodes: list[dict], gamma: float) -> di
     }
 
 
+def agent(ckpt: dict, num_envs: int, seed: int, device: str):
+    """The checkpoint's agent: its training Args (protocol, gamma, temperature schedule) with this analysis's
+    environments, seed and device, the network's structure and parameters, and its final temperature tau(i)."""
+    known = {f.name for f in dataclasses.fields(sarsa.Args)}
+    train = sarsa.Args(**{k: v for k, v in ckpt["args"].items() if k in known})
+    train = dataclasses.replace(train, num_envs=num_envs, seed=seed, device=device)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    arch = ckpt["architecture"]
+    net = sarsa.SarsaQNetwork(arch["num_actions"], arch["activations"], arch["padding"])
+    theta, params = sarsa.flatten_parameters(net, device)
+    theta.copy_(ckpt["theta"].to(device))
+    base = net.to("meta")  # structure only; functional_call supplies theta's views
+    return train, device, base, params, sarsa.temperature(ckpt["episodes"], train.tau0, train.tau_k)
+
+
 def main(args: Args) -> dict:
     error = validate(args)
     try:
@@ -204,17 +221,9 @@ def main(args: Args) -> dict:
         error = str(err)
     if error:
         raise SystemExit(f"error: {error}")
-    # the checkpoint's protocol, gamma and temperature schedule; this analysis's environments, seed and device
-    known = {f.name for f in dataclasses.fields(sarsa.Args)}
-    train = sarsa.Args(**{k: v for k, v in ckpt["args"].items() if k in known})
-    train = dataclasses.replace(train, num_envs=args.num_envs, seed=args.seed, device=args.device)
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    train, device, base, params, final_tau = agent(ckpt, args.num_envs, args.seed, args.device)
     arch = ckpt["architecture"]
-    net = sarsa.SarsaQNetwork(arch["num_actions"], arch["activations"], arch["padding"])
-    theta, params = sarsa.flatten_parameters(net, device)
-    theta.copy_(ckpt["theta"].to(device))
-    base = net.to("meta")  # structure only; functional_call supplies theta's views
-    game, final_tau = sarsa.atari.camel_name(arch["game"]), sarsa.temperature(ckpt["episodes"], train.tau0, train.tau_k)
+    game = sarsa.atari.camel_name(arch["game"])
 
     run_name = base_name = f"{game}__{args.exp_name}__{arch['activations']}__{args.seed}__{int(time.time())}"
     for attempt in range(2, 10**6):  # an analysis started in the same second gets its own directory

@@ -101,9 +101,10 @@ def evaluate(
     pieces = pieces_tensor[torch.randint(len(pieces_tensor), (G,), generator=rng, device=device)]
     tau = torch.full((G,), x if kind == "softmax" else 1.0, device=device)
     score = torch.zeros(G, device=device)
+    length = torch.zeros(G, dtype=torch.long, device=device)  # placements in the current episode
     explore = torch.zeros(G, device=device)
     done = np.zeros(G, dtype=np.int64)
-    game_score, game_explore = [[] for _ in range(G)], [[] for _ in range(G)]
+    game_score, game_explore, game_length = [[] for _ in range(G)], [[] for _ in range(G)], [[] for _ in range(G)]
     traj = [([], []) for _ in range(G)]
     value_episodes = []
     quota = min(-(-collect_values // R), args.eval_episodes)  # value-analysis episodes per run
@@ -118,6 +119,7 @@ def evaluate(
         action, exploratory = select(v_cand, tau, after.valid, uniform, kind, x)
         game_over = after.game_over[slots, action]
         score += after.rows_cleared[slots, action]
+        length += 1
         explore += exploratory
         holes_next = after.holes[slots, action]
         if collect_values:
@@ -130,6 +132,7 @@ def evaluate(
         for g in np.flatnonzero(go):
             if done[g] < per_game:
                 game_score[g].append(float(score[g]))
+                game_length[g].append(int(length[g]))
                 game_explore[g].append(float(explore[g]))
                 if done[g] < quota_per_game:
                     value_episodes.append((g // games, g, int(done[g]), traj[g][0], traj[g][1]))
@@ -140,6 +143,7 @@ def evaluate(
         states = torch.where(game_over.view(-1, *[1] * (states.dim() - 1)), empty_state, cand_states[slots, action])
         holes_now = holes_next.masked_fill(game_over, 0)
         score.masked_fill_(game_over, 0)
+        length.masked_fill_(game_over, 0)
         explore.masked_fill_(game_over, 0)
         pieces = pieces_tensor[torch.randint(len(pieces_tensor), (G,), generator=rng, device=device)]
 
@@ -159,6 +163,8 @@ def evaluate(
         "mean_score_per_run": per_run,
         "exploratory_actions_per_episode": float(np.mean([np.mean(by_run(game_explore, r)) for r in range(R)])),
         "value_episodes": kept,
+        "episode_scores": [by_run(game_score, r) for r in range(R)],  # per run, its episodes in order
+        "episode_lengths": [by_run(game_length, r) for r in range(R)],  # placements
     }
 
 
@@ -244,7 +250,8 @@ def load(cli: Args):
     return args, params, episodes, ids
 
 
-def main(cli: Args) -> dict:
+def validate(cli: Args):
+    """One line (SystemExit) for any impossible option, before the checkpoint is read."""
     for rule in cli.selections:
         try:
             kind, value = parse_selection(rule, 1.0)
@@ -258,9 +265,11 @@ def main(cli: Args) -> dict:
         raise SystemExit("error: --value-analysis-episodes must be 0 (none) or more")
     if cli.device != "auto" and cli.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(f"error: --device {cli.device} asked for CUDA but torch sees no GPU; use --device cpu or auto")
-    if cli.out and os.path.exists(os.path.join(cli.out, "summary.json")):  # never a new evaluation over an old one
-        raise SystemExit(f"error: --out {cli.out} already holds an evaluation (summary.json): choose another --out or "
-                         "remove it")  # fmt: skip
+
+
+def play(cli: Args, out: str | None) -> dict:
+    """Every rule of --selections on the checkpoint's runs; the value analysis's files go to `out` (needed only with
+    --value-analysis-episodes). Returns the summary; per rule, each run's episode scores and lengths too."""
     args, params, episodes, ids = load(cli)
     args.seed = cli.seed
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cli.device == "auto" else cli.device)
@@ -291,10 +300,6 @@ def main(cli: Args) -> dict:
         def value(states):
             return td.deep_value(theta, states, base)
 
-    out = cli.out or os.path.join(
-        "runs", f"{os.path.basename(os.path.dirname(os.path.abspath(cli.checkpoint)))}__eval__{int(time.time())}"
-    )
-    os.makedirs(out, exist_ok=True)
     final_tau = float(td.temperature(episodes[ids].float(), args.tau0, args.tau_k).mean())
     summary = {"checkpoint": cli.checkpoint, "activation": args.activation[0], "eval_runs": ids, "eval": {}}
     summary["final_temperature"] = final_tau
@@ -314,6 +319,19 @@ def main(cli: Args) -> dict:
             "per episode",
             flush=True,
         )
+    return summary
+
+
+def main(cli: Args) -> dict:
+    validate(cli)
+    if cli.out and os.path.exists(os.path.join(cli.out, "summary.json")):  # never a new evaluation over an old one
+        raise SystemExit(f"error: --out {cli.out} already holds an evaluation (summary.json): choose another --out or "
+                         "remove it")  # fmt: skip
+    out = cli.out or os.path.join(
+        "runs", f"{os.path.basename(os.path.dirname(os.path.abspath(cli.checkpoint)))}__eval__{int(time.time())}"
+    )
+    os.makedirs(out, exist_ok=True)
+    summary = play(cli, out)
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     print(f"wrote {out}/summary.json")

@@ -37,12 +37,24 @@ def make_env(protocol: str, rom: str, num_envs: int, max_episode_frames: int):
     goes on (no reset). The step that loses a life plays all 4 frames (Dopamine's preprocessing stops at the lost
     life's frame): up to 3 frames more. No-op agent steps (atari100k) are EpisodeTracker's."""
     return ale_py.AtariVectorEnv(
-        rom, num_envs, num_threads=min(num_envs, os.cpu_count() or 1), frameskip=4, maxpool=True, grayscale=True,
-        img_height=FRAME_SHAPE[0], img_width=FRAME_SHAPE[1], stack_num=STACK, full_action_space=False,
-        repeat_action_probability=0.25 if protocol == "dopamine" else 0.0, reward_clipping=False,
-        noop_max=30 if protocol == "nature" else 0, life_loss_info=protocol != "dopamine",
-        episodic_life=False, use_fire_reset=False, max_num_frames_per_episode=max_episode_frames,
-    )  # fmt: skip
+        rom,
+        num_envs,
+        num_threads=min(num_envs, os.cpu_count() or 1),
+        frameskip=4,
+        maxpool=True,
+        grayscale=True,
+        img_height=FRAME_SHAPE[0],
+        img_width=FRAME_SHAPE[1],
+        stack_num=STACK,
+        full_action_space=False,
+        repeat_action_probability=0.25 if protocol == "dopamine" else 0.0,
+        reward_clipping=False,
+        noop_max=30 if protocol == "nature" else 0,
+        life_loss_info=protocol != "dopamine",
+        episodic_life=False,
+        use_fire_reset=False,
+        max_num_frames_per_episode=max_episode_frames,
+    )
 
 
 def num_game_actions(rom: str) -> int:
@@ -118,13 +130,22 @@ class EpisodeTracker:
         return obs * keep[:, :, None, None].astype(np.uint8)
 
 
-def evaluate(act: Callable[[np.ndarray], np.ndarray], protocol: str, rom: str, num_envs: int, max_episode_frames: int,
-             seed: int, rng: np.random.Generator, step_budget: int | None = None,
-             video_path: str | None = None) -> list[tuple[float, int]]:  # fmt: skip
+def evaluate(
+    act: Callable[[np.ndarray, EpisodeTracker, np.ndarray], np.ndarray],
+    protocol: str,
+    rom: str,
+    num_envs: int,
+    max_episode_frames: int,
+    seed: int,
+    rng: np.random.Generator,
+    step_budget: int | None = None,
+    video_path: str | None = None,
+) -> list[tuple[float, int]]:
     """Dopamine's evaluation phase with `num_envs` games in parallel under `protocol` (its no-op starts drawn from
-    `rng`), the emulators seeded from seed + EVAL_SEED_OFFSET. `act(obs)` gives the actions of the stacks of the games
-    still playing (the script's policy, exploration and noise as it wants them). Without a step budget every env plays
-    one game to its end and the (return, length) of each are returned in env order (Atari 100k's
+    `rng`), the emulators seeded from seed + EVAL_SEED_OFFSET. `act(obs, tracker, live)` is given every env's stacks
+    and the episode tracker (what the training loop builds the network's inputs from) and returns the actions of the
+    envs where `live` is True, with the script's policy, exploration and noise as it wants them. Without a step budget
+    every env plays one game to its end and the (return, length) of each are returned in env order (Atari 100k's
     DataEfficientAtariRunner); with one, games are played until their agent steps add up to `step_budget`, and those
     that end within it are returned in the order they end (the 50M-step runner's evaluation phase). With
     `video_path`, env 0's first game (what the agent sees) is written there as mp4."""
@@ -135,7 +156,7 @@ def evaluate(act: Callable[[np.ndarray], np.ndarray], protocol: str, rom: str, n
     try:
         while live.any() and (step_budget is None or steps < step_budget):
             actions = np.zeros(num_envs, dtype=np.int32)
-            actions[live] = act(obs[live])
+            actions[live] = act(obs, tracker, live)
             next_obs, rewards, terminated, truncated, info = envs.step(tracker.actions(actions))
             step = tracker.step(rewards, terminated, truncated, info)
             steps += int((step.acted & live).sum())

@@ -62,8 +62,9 @@ def test_each_protocol_sets_sticky_actions_noop_starts_and_lost_lives_as_its_ref
 
 
 def test_evaluation_plays_one_game_per_env_in_env_order_or_the_games_that_end_within_a_step_budget():
-    def act(obs):  # a fixed policy: FIRE or right
-        return np.where(np.arange(len(obs)) % 2 == 0, 1, 2).astype(np.int32)
+    def act(obs, tracker, live):  # a fixed policy: FIRE or right, given every env's stacks and the tracker
+        assert len(obs) == len(live) == len(tracker.returns)
+        return np.where(np.arange(len(obs)) % 2 == 0, 1, 2).astype(np.int32)[live]
 
     games = [atari.evaluate(act, "atari100k", "breakout", 3, 400, 7, np.random.default_rng(3)) for _ in range(2)]
     assert games[0] == games[1] and len(games[0]) == 3  # the same seeds: the same games

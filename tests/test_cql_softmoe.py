@@ -92,18 +92,17 @@ def test_loader_reads_the_on_disk_format_and_samples_only_what_dopamine_would(tm
         assert (i in allowed) == expected, i
     # padding rows are never a state: every sampled state's newest frame is real
     batch = replay.sample(500, np.random.default_rng(0))
-    assert (batch["states"][:, -1, 0, 0] > 0).all()
+    states, next_states = batch["states"]["obs"], batch["next_states"]["obs"]
+    assert (states[:, -1, 0, 0] > 0).all()
     for b in range(500):  # stacks: frames of one episode, consecutive steps, zero before the episode's first frame
-        episode, step = batch["states"][b, :, 0, 0].astype(int), batch["states"][b, :, 0, 1].astype(int)
+        episode, step = states[b, :, 0, 0].astype(int), states[b, :, 0, 1].astype(int)
         present = episode > 0
         assert (np.diff(present.astype(int)) >= 0).all() and (episode[present] == episode[-1]).all()
         assert (np.diff(step[present]) == 1).all()
         i = batch["rows"][b]
         assert batch["actions"][b] == replay.actions[i] and batch["rewards"][b] == replay.rewards[i]
         if not batch["terminals"][b]:
-            assert (
-                batch["next_states"][b, -1, 0, 1] == step[-1] + 1 and batch["next_states"][b, -1, 0, 0] == episode[-1]
-            )
+            assert next_states[b, -1, 0, 1] == step[-1] + 1 and next_states[b, -1, 0, 0] == episode[-1]
 
 
 def test_n_step_windows_stop_at_the_first_terminal(tmp_path):
@@ -143,8 +142,8 @@ def test_cql_penalty_by_hand():
 
 def random_batch(size=6, num_actions=4):
     return {
-        "states": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8),
-        "next_states": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8),
+        "states": {"obs": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8)},
+        "next_states": {"obs": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8)},
         "actions": torch.randint(0, num_actions, (size,)),
         "rewards": torch.randn(size),
         "terminals": (torch.rand(size) < 0.3).float(),
@@ -239,7 +238,7 @@ def test_a_resume_keeps_adams_moments_and_takes_this_runs_learning_rate_and_eps(
     torch.manual_seed(0)
     net = cql.build_network(cql.fill_defaults(cql.Args(encoder="nature", num_experts=4)), 4)
     saved = cql.make_optimizer(net, cql.Args(learning_rate=1e-3))
-    net(torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)).sum().backward()
+    net({"obs": torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)}).sum().backward()
     saved.step()
     rng = np.random.default_rng(0)
     ckpt = {"q_net": net.state_dict(), "target_net": net.state_dict(), "optimizer": saved.state_dict(), "updates": 5,

@@ -52,10 +52,10 @@ def test_the_replayed_update_makes_the_eager_updates(module, network):
     batches = [replay.sample(32, rng, args.n_step, args.gamma) for _ in range(3)]
     (q_eager, t_eager, opt_eager), (q_graph, t_graph, opt_graph) = twin_learners(module, args)
     # the loop's one update path: train_step, eagerly or recorded at the first call and replayed
-    update = module.GraphedUpdate(module.train_step, q_graph, t_graph, opt_graph, args)
+    update = module.GraphedUpdate(module.observation_step, q_graph, t_graph, opt_graph, args)
     for batch in batches:
         eager_metrics = module.train_step(q_eager, t_eager, opt_eager, module.to_tensors(batch, "cuda"), args)
-        graph_metrics = update(batch)
+        graph_metrics = update(module.observation_batch(batch))
         torch.testing.assert_close(graph_metrics["td_loss"], eager_metrics["td_loss"], rtol=1e-4, atol=1e-6)
     for (name, a), b in zip(q_eager.state_dict().items(), q_graph.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6, msg=name)
@@ -67,12 +67,11 @@ def test_the_replayed_policy_picks_the_eager_greedy_actions(module):
     args = module.fill_defaults(module.Args(encoder="nature", moe="none", device="cuda"))
     torch.manual_seed(0)
     q_net = module.build_network(args, 6).cuda()
-    if module is rb:
-        rb.set_noise(q_net, False)  # NoisyNets draw other noise in the graph than eagerly
-    policy = module.GraphedPolicy(q_net, num_envs=3)
+    q_net.eval()  # NoisyNets draw other noise in the graph than eagerly: their means
+    policy = module.GraphedPolicy(module.ObservationOnly(q_net), num_envs=3)
     obs = np.random.default_rng(0).integers(0, 256, (3, 4, 84, 84), dtype=np.uint8)
     with torch.no_grad():
-        eager = q_net(torch.from_numpy(obs).cuda()).argmax(1).cpu().numpy()
+        eager = q_net({"obs": torch.from_numpy(obs).cuda()}).argmax(1).cpu().numpy()
     np.testing.assert_array_equal(policy(obs), eager)
 
 
@@ -115,6 +114,28 @@ def test_a_resume_on_cuda_goes_on_with_the_cuda_generator_and_may_add_cuda_graph
     graphed = rb.main(rb.preset_args("full-rainbow", total_timesteps=300, resume=first["checkpoint"], cuda_graph=True,
                                      **kw))  # fmt: skip
     assert graphed["complete"] and graphed["updates"] > first["updates"]
+
+
+@pytest.mark.parametrize("module", [dqn, rb], ids=["dqn", "rainbow"])
+def test_the_graphed_paths_observation_only_adapters_compute_the_eager_update_and_q_values(module):
+    """On a CPU: what --cuda-graph records (observation_step on an observation_batch, the network behind
+    ObservationOnly) is train_step on the sampled batch and the network on its inputs mapping, float for float."""
+    args = module.fill_defaults(module.Args(encoder="nature", moe="softmoe", num_experts=2, expert_width=32))
+    if module is rb:
+        args.noisy = False
+    torch.manual_seed(0)
+    nets = [module.build_network(args, 4) for _ in range(3)]
+    nets[1].load_state_dict(nets[0].state_dict())
+    optimizers = [module.make_optimizer(net, args) for net in nets[:2]]
+    batch = filled_replay(module, args).sample(16, np.random.default_rng(1), args.n_step, args.gamma)
+    flat = module.observation_batch(batch)
+    assert flat["states"] is batch["states"]["obs"] and flat["next_states"] is batch["next_states"]["obs"]
+    eager = module.train_step(nets[0], nets[2], optimizers[0], module.to_tensors(batch, "cpu"), args)
+    graphed = module.observation_step(nets[1], nets[2], optimizers[1], module.to_tensors(flat, "cpu"), args)
+    assert torch.equal(eager["td_loss"], graphed["td_loss"])
+    assert all(torch.equal(a, b) for a, b in zip(nets[0].parameters(), nets[1].parameters(), strict=True))
+    obs = torch.from_numpy(batch["states"]["obs"])
+    assert torch.equal(module.ObservationOnly(nets[0])(obs), nets[0]({"obs": obs}))
 
 
 @pytest.mark.parametrize("module", [dqn, rb], ids=["dqn", "rainbow"])

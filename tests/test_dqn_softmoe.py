@@ -31,12 +31,17 @@ def qnet(num_actions, encoder="impala", moe="softmoe", num_experts=None, tokeniz
     return dqn.build_network(args, num_actions)
 
 
+def moe_cfg(num_experts, expert_width, moe="softmoe", **kw):
+    """The Network options a Soft MoE / Top1-MoE layer reads."""
+    return dqn.fill_defaults(dqn.Args(moe=moe, num_experts=num_experts, expert_width=expert_width, **kw))
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Soft MoE
 # ----------------------------------------------------------------------------------------------------------------------
 def test_dispatch_sums_to_one_over_tokens_and_combine_over_all_slots():
     torch.manual_seed(0)
-    layer = dqn.SoftMoE(dim=16, num_tokens=121, num_experts=8, width=32)
+    layer = dqn.SoftMoE(moe_cfg(8, 32), dim=16, num_tokens=121)
     outputs, aux = layer(torch.randn(3, 121, 16))
     assert layer.slots == 16 and outputs.shape == (3, 121, 16)
     dispatch, combine = aux["dispatch"], aux["combine"]  # (B, m, n, p)
@@ -60,7 +65,7 @@ def paper_soft_moe(X, Phi, experts, p):
 def test_soft_moe_equals_the_papers_equations_on_random_inputs():
     torch.manual_seed(1)
     m, d, n, p, width = 5, 3, 2, 3, 4
-    experts = dqn.Experts(n, d, width).double()
+    experts = dqn.Experts(moe_cfg(n, width), d).double()
     with torch.no_grad():
         for param in (experts.b1, experts.b2):
             param.normal_()  # non-zero biases so that every term of f_e is exercised
@@ -77,7 +82,7 @@ def test_soft_moe_equals_the_papers_equations_on_random_inputs():
 
 def test_normalised_logits_use_unit_tokens_and_phi_columns_times_the_scalar():
     torch.manual_seed(2)
-    experts = dqn.Experts(2, 4, 8)
+    experts = dqn.Experts(moe_cfg(2, 8), 4)
     tokens, phi, scale = torch.randn(1, 6, 4), torch.randn(4, 2, 3), torch.tensor([2.5])
     _, dispatch, _, _ = dqn.soft_moe(tokens, phi, experts, scale)
     x_hat = tokens / tokens.norm(dim=-1, keepdim=True)
@@ -99,7 +104,7 @@ def test_perconv_output_permutes_with_its_input_tokens():
 
 def test_random_phi_is_redrawn_at_every_call_and_is_not_a_parameter():
     torch.manual_seed(4)
-    layer = dqn.SoftMoE(dim=8, num_tokens=10, num_experts=2, width=4, random_phi=True)
+    layer = dqn.SoftMoE(moe_cfg(2, 4, random_phi=True), dim=8, num_tokens=10)
     assert layer.phi is None and dqn.count_parameters(layer) == 1 + 2 * (8 * 4 + 4 + 4 * 8 + 8)
     tokens = torch.randn(2, 10, 8)
     first, second = layer(tokens)[1]["dispatch"], layer(tokens)[1]["dispatch"]
@@ -115,10 +120,10 @@ def parts(net):
 
 
 def test_parameter_counts_match_the_reference_table():
-    assert dqn.count_parameters(dqn.Experts(1, 64, 512)) == 66_112
-    assert dqn.count_parameters(dqn.Experts(8, 64, 512)) == 528_896
-    assert dqn.count_parameters(dqn.Experts(1, 32, 512)) == 33_312
-    assert dqn.count_parameters(dqn.Experts(8, 32, 512)) == 266_496
+    assert dqn.count_parameters(dqn.Experts(moe_cfg(1, 512), 64)) == 66_112
+    assert dqn.count_parameters(dqn.Experts(moe_cfg(8, 512), 64)) == 528_896
+    assert dqn.count_parameters(dqn.Experts(moe_cfg(1, 512), 32)) == 33_312
+    assert dqn.count_parameters(dqn.Experts(moe_cfg(8, 512), 32)) == 266_496
 
     nature_moe = parts(qnet(18, "nature", "softmoe", 8, "perconv"))
     assert nature_moe["moe"] == 528_896 + 64 * 8 * 16 + 1  # experts + Phi + the scalar
@@ -138,7 +143,7 @@ def test_parameter_counts_match_the_reference_table():
     assert wide["dense"] == 7744 * 4096 + 4096 and wide["head"] == 4096 * 18 + 18
     assert sum(nature_moe.values()) < sum(wide.values()) / 10
     # Fig. 5: experts of width 512 / 8
-    assert dqn.count_parameters(dqn.Experts(8, 64, 64)) == 8 * (64 * 64 + 64 + 64 * 64 + 64)
+    assert dqn.count_parameters(dqn.Experts(moe_cfg(8, 64), 64)) == 8 * (64 * 64 + 64 + 64 * 64 + 64)
     top1 = parts(qnet(18, "nature", "top1", 8, "perconv"))
     assert top1["moe"] == 528_896 + 64 * 8  # router Dense(n) without bias
 
@@ -163,7 +168,7 @@ def test_slots_per_expert(encoder, tokenization, experts, slots):
 # ----------------------------------------------------------------------------------------------------------------------
 def test_top1_capacity_token_order_dropping_and_gate_scaling():
     torch.manual_seed(5)
-    layer = dqn.Top1MoE(dim=2, num_tokens=6, num_experts=2, width=4)
+    layer = dqn.Top1MoE(moe_cfg(2, 4, moe="top1"), dim=2, num_tokens=6)
     with torch.no_grad():
         layer.router.copy_(torch.tensor([[3.0, 0.0], [0.0, 3.0]]))
         layer.experts.b1.normal_()
@@ -272,7 +277,7 @@ def test_q_network_outputs_for_every_variant():
     for encoder in ("nature", "impala"):
         for moe, tokenization in (("softmoe", "perconv"), ("top1", "perfeat"), ("softmoe", "persamp"), ("none", None)):
             net = qnet(5, encoder, moe, 2, tokenization, expert_width=16)
-            q, aux = net(x, return_aux=True)
+            q, aux = net({"obs": x}, return_aux=True)
             assert q.shape == (3, 5) and torch.isfinite(q).all() and "hidden" in aux
 
 
@@ -319,8 +324,8 @@ def test_rebuilt_stacks_equal_the_stacks_the_environment_returned(protocol):
 
     batch = replay.sample(256, np.random.default_rng(0))
     age = (batch["rows"] - (replay.cursor - replay.count)) % replay.rows
-    np.testing.assert_array_equal(batch["states"], observations[age, batch["envs"]])
-    np.testing.assert_array_equal(batch["next_states"], observations[age + 1, batch["envs"]])
+    np.testing.assert_array_equal(batch["states"]["obs"], observations[age, batch["envs"]])
+    np.testing.assert_array_equal(batch["next_states"]["obs"], observations[age + 1, batch["envs"]])
     assert replay.valid[batch["rows"], batch["envs"]].all()  # never the reset step that follows an episode end
 
 
@@ -352,8 +357,8 @@ def test_stacks_after_the_memory_wraps_around():
     batch = replay.sample(128, np.random.default_rng(1))
     age = (batch["rows"] - (replay.cursor - replay.count)) % replay.rows
     assert (age >= replay.history[batch["rows"], batch["envs"]]).all()
-    np.testing.assert_array_equal(batch["states"], observations[first + age, batch["envs"]])
-    np.testing.assert_array_equal(batch["next_states"], observations[first + age + 1, batch["envs"]])
+    np.testing.assert_array_equal(batch["states"]["obs"], observations[first + age, batch["envs"]])
+    np.testing.assert_array_equal(batch["next_states"]["obs"], observations[first + age + 1, batch["envs"]])
 
 
 class FakeVectorEnv:
@@ -415,7 +420,7 @@ def test_sampled_stacks_never_mix_episodes():
         obs = next_obs
     batch = replay.sample(512, np.random.default_rng(2))
     for key in ("states", "next_states"):
-        stacks = batch[key]  # (B, 4, 84, 84)
+        stacks = batch[key]["obs"]  # (B, 4, 84, 84)
         episode, step = stacks[:, :, 0, 0].astype(int), stacks[:, :, 0, 1].astype(int)
         present = episode > 0
         assert present[:, -1].all()  # the newest frame is always real
@@ -423,7 +428,7 @@ def test_sampled_stacks_never_mix_episodes():
         assert ((episode == episode[:, -1:]) | ~present).all()  # one episode per stack
         gaps = np.diff(step, axis=1)[present[:, :-1]]
         assert (gaps == 1).all()  # consecutive steps of that episode
-    assert (batch["next_states"][:, -1, 0, 0] == batch["states"][:, -1, 0, 0]).all()
+    assert (batch["next_states"]["obs"][:, -1, 0, 0] == batch["states"]["obs"][:, -1, 0, 0]).all()
     assert batch["terminals"].any() and not (batch["rewards"] == 0).any()  # no reset step was stored as a transition
 
 
@@ -504,8 +509,8 @@ def test_train_step_moves_q_towards_the_td_target_and_leaves_the_target_network_
     target_before = [p.clone() for p in target_net.parameters()]
     optimizer = torch.optim.Adam(q_net.parameters(), lr=1e-3, eps=1.5e-4)
     batch = {
-        "states": torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8),
-        "next_states": torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8),
+        "states": {"obs": torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8)},
+        "next_states": {"obs": torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8)},
         "actions": torch.randint(0, 3, (8,)),
         "rewards": torch.ones(8),
         "terminals": torch.ones(8),  # target = r = 1
@@ -519,8 +524,8 @@ def test_train_step_moves_q_towards_the_td_target_and_leaves_the_target_network_
 
 def random_batch(size: int = 8, num_actions: int = 3) -> dict:
     return {
-        "states": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8),
-        "next_states": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8),
+        "states": {"obs": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8)},
+        "next_states": {"obs": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8)},
         "actions": torch.randint(0, num_actions, (size,)),
         "rewards": torch.randn(size),
         "terminals": (torch.rand(size) < 0.3).float(),
@@ -582,7 +587,7 @@ def test_phi_adam_eps_gives_phi_its_own_eps_and_leaves_the_rest_at_adam_eps():
         net = dqn.build_network(args, 4)
         optimizer = dqn.make_optimizer(net, args)
         before = {n: p.detach().clone() for n, p in net.named_parameters()}
-        net(torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8)).pow(2).mean().mul(1e-3).backward()
+        net({"obs": torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8)}).pow(2).mean().mul(1e-3).backward()
         grads = {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
         optimizer.step()
         for n, p in net.named_parameters():
@@ -604,7 +609,7 @@ def test_bf16_encoder_keeps_float32_outputs_close_to_the_float32_network():
     half = qnet(5, "nature", moe="softmoe", num_experts=4, bf16=True)
     half.load_state_dict(full.state_dict())
     x = torch.randint(0, 256, (6, 4, 84, 84), dtype=torch.uint8)
-    q_full, q_half = full(x), half(x)
+    q_full, q_half = full({"obs": x}), half({"obs": x})
     assert q_half.dtype == torch.float32
     assert (q_half - q_full).abs().max() <= 0.02 * q_full.abs().max()
     q_half.sum().backward()  # gradients reach the encoder through the autocast region
@@ -617,7 +622,7 @@ def test_a_resume_keeps_adams_moments_and_takes_this_runs_optimizer_settings():
     torch.manual_seed(0)
     net = qnet(4, "nature", moe="softmoe", num_experts=4)
     saved = dqn.make_optimizer(net, dqn.fill_defaults(dqn.Args(encoder="nature", num_experts=4, learning_rate=1e-3)))
-    net(torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)).sum().backward()
+    net({"obs": torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)}).sum().backward()
     saved.step()
     rng = np.random.default_rng(0)
     ckpt = {"q_net": net.state_dict(), "target_net": net.state_dict(), "optimizer": saved.state_dict(),
@@ -763,7 +768,8 @@ def test_resume_with_the_replay_memory_learns_at_once_from_the_same_memory(tmp_p
     rng_a, rng_b = np.random.default_rng(), np.random.default_rng()
     rng_a.bit_generator.state = rng_b.bit_generator.state = ckpt["numpy_rng"]
     a, b = memory.sample(32, rng_a), memory.sample(32, rng_b)
-    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert all(np.array_equal(a[k], b[k]) for k in a if k not in ("states", "next_states"))
+    assert all(np.array_equal(a[k]["obs"], b[k]["obs"]) for k in ("states", "next_states"))
     resumed = run(
         **small, total_timesteps=400, learning_starts=150, save_model=True, checkpoint_replay=True, resume=path
     )
@@ -899,7 +905,7 @@ def test_the_eta_uses_the_rate_since_learning_started_and_is_a_lower_bound_befor
     # 100 steps/s acting until step 2,000, where learning starts; 10 steps/s from then on
     for t, step, updates in [(10, 1_000, 0), (20, 2_000, 1), (30, 2_100, 100), (40, 2_200, 200)]:
         clock[0] = t
-        run.log_step(step, [], None, 1.0, updates, {})
+        run.log_step(step, [], None, updates, {}, {"epsilon": 1.0})
         lines.append(capsys.readouterr().out.strip().split(" | ")[-1])
     assert lines == [
         "ETA over 0h01m30s (not yet learning for a whole interval)",  # 9,000 steps at 100 steps/s
@@ -921,7 +927,7 @@ def test_every_scalar_of_the_metrics_reaches_tensorboard_and_the_summary_with_th
     net = dqn.build_network(args, 4)
     run = dqn.Run(args, "breakout", net, net, None, dqn.FrameReplay(100, 1), None, "cpu", 0, 0, [])
     metrics = {"td_loss": torch.tensor(0.5), "a_new_term": torch.tensor(2.0), "per_sample_loss": torch.ones(3)}
-    run.log_step(100, [], None, 1.0, 1, metrics | {"aux": {"hidden": torch.ones(2, 2)}})
+    run.log_step(100, [], None, 1, metrics | {"aux": {"hidden": torch.ones(2, 2)}}, {"epsilon": 1.0})
     run.write_outputs(100, 1, complete=False)
     run.writer.close()
     saved = json.loads((tmp_path / "runs" / run.run_name / "summary.json").read_text())

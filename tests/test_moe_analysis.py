@@ -25,8 +25,8 @@ def qnet(num_actions, encoder="impala", moe="softmoe", num_experts=None, tokeniz
 
 def random_batch(size: int = 8, num_actions: int = 3) -> dict:
     return {
-        "states": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8),
-        "next_states": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8),
+        "states": {"obs": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8)},
+        "next_states": {"obs": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8)},
         "actions": torch.randint(0, num_actions, (size,)),
         "rewards": torch.randn(size),
         "terminals": (torch.rand(size) < 0.3).float(),
@@ -72,7 +72,7 @@ def test_soft_moe_starts_as_average_pooling_on_the_nature_cnn():
     averages all 121 tokens (the routing statistics' reason to exist; see the README's Atari 100k results)."""
     torch.manual_seed(3)
     net = qnet(4, "nature", moe="softmoe", num_experts=4)
-    _, aux = net(torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8), return_aux=True)
+    _, aux = net({"obs": torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8)}, return_aux=True)
     out = analysis.routing_statistics({k: v.detach() for k, v in aux.items()})
     assert out["routing_dispatch_entropy"] > 0.999 and out["routing_combine_entropy"] > 0.999
     assert out["token_diversity_out"] < 1e-3 * out["token_diversity_in"]
@@ -89,7 +89,7 @@ def test_empirical_ntk_is_the_gram_matrix_of_per_sample_gradients_in_any_number_
     params = list(net.parameters())
 
     def per_sample_loss(i):
-        return (targets[i] - net(states[i : i + 1])[0, actions[i]]) ** 2
+        return (targets[i] - net({"obs": states[i : i + 1]})[0, actions[i]]) ** 2
 
     one_pass = analysis.empirical_ntk(per_sample_loss, params, 4)
     many_passes = analysis.empirical_ntk(per_sample_loss, params, 4, memory_bytes=4 * 4 * 30_000)
@@ -153,13 +153,14 @@ def test_a_snapshot_gives_the_statistics_of_the_runs_networks_at_that_step(tmp_p
     snap = torch.load(os.path.join(run_dir, "snapshots", names[-1]), weights_only=True)
     assert snap["script"] == "dqn_softmoe" and snap["global_step"] == 300 and snap["args"]["moe"] == moe
     assert all(torch.equal(snap["q_net"][k], ckpt["q_net"][k]) for k in ckpt["q_net"])
-    assert snap["probe"]["states"].shape == (32, 4, 84, 84)
+    assert snap["probe"]["states"]["obs"].shape == (32, 4, 84, 84)
     out = analysis.analyse_snapshot(os.path.join(run_dir, "snapshots", names[-1]))
     args = dqn.fill_defaults(dqn.Args(**kw))
     nets = [dqn.build_network(args, 4).to(memory_format=torch.channels_last) for _ in range(2)]
     nets[0].load_state_dict(ckpt["q_net"])
     nets[1].load_state_dict(ckpt["target_net"])
     nets[1].requires_grad_(False)
+    [net.eval() for net in nets]
     batch = {k: v for k, v in snap["probe"].items()}
     torch.set_rng_state(snap["torch_rng"])
     assert out == {"global_step": 300} | analysis.network_analysis(*nets, batch, args, dqn.dqn_loss)

@@ -82,7 +82,7 @@ def test_rainbow_loss_is_the_cross_entropy_against_the_double_dqn_projected_targ
                 else:
                     m[lo] += p_next[i, j] * (hi - b)
                     m[hi] += p_next[i, j] * (b - lo)
-            _, aux = q_net(batch["states"][i : i + 1], return_aux=True)
+            _, aux = q_net({"obs": batch["states"]["obs"][i : i + 1]}, return_aux=True)
             log_p = torch.log_softmax(aux["logits"][0, batch["actions"][i]], -1)
             expected.append(-(m * log_p).sum())
         expected = torch.stack(expected)
@@ -113,7 +113,7 @@ def test_double_dqn_takes_the_argmax_of_the_online_network():
 def test_dueling_aggregation_and_expected_q():
     torch.manual_seed(2)
     net = qnet(3, "nature", "none", num_atoms=5, v_min=-2, v_max=2, noisy=False, dueling=True)
-    x = torch.randint(0, 256, (4, 4, 84, 84), dtype=torch.uint8)
+    x = {"obs": torch.randint(0, 256, (4, 4, 84, 84), dtype=torch.uint8)}
     q, aux = net(x, return_aux=True)
     h = aux["head_input"]
     value, advantage = net.value(h).view(4, 1, 5), net.advantage(h).view(4, 3, 5)
@@ -128,7 +128,7 @@ def test_dueling_aggregation_and_expected_q():
 # ----------------------------------------------------------------------------------------------------------------------
 # NoisyNets
 # ----------------------------------------------------------------------------------------------------------------------
-def test_noisy_layer_noise_statistics_and_switching_it_off():
+def test_noisy_layer_noise_statistics_and_its_mean_in_eval_mode():
     torch.manual_seed(3)
     layer = rb.NoisyLinear(400, 300)
     assert float(layer.weight_mu.detach().abs().max()) <= 1 / 20 and torch.all(layer.weight_sigma == 0.1 / 20)
@@ -148,21 +148,23 @@ def test_noisy_layer_noise_statistics_and_switching_it_off():
     e_in, e_out = rb.factorised_noise(400, "cpu"), rb.factorised_noise(300, "cpu")
     weight = layer.weight_mu + layer.weight_sigma * torch.outer(e_out, e_in)
     torch.testing.assert_close(y, x20 @ weight.T + layer.bias_mu + layer.bias_sigma * e_out, rtol=1e-5, atol=1e-5)
-    rb.set_noise(layer, False)
+    layer.eval()  # evaluation mode: the means
     torch.testing.assert_close(layer(x)[0], (layer.weight_mu[:, 0] + layer.bias_mu).detach())
 
 
-def test_noise_switches_off_in_every_noisy_layer_and_the_experts():
+def test_eval_mode_switches_the_noise_off_in_every_noisy_layer_and_the_experts():
     torch.manual_seed(4)
     args = rb.fill_defaults(rb.Args(encoder="nature", num_experts=2, expert_width=16))
     net = rb.build_network(args, 4)
-    x = torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)
-    assert not torch.allclose(net(x), net(x))  # noisy experts and heads
-    rb.set_noise(net, False)
+    x = {"obs": torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)}
+    assert net.training and not torch.allclose(net(x), net(x))  # noisy experts and heads
+    net.eval()
     torch.testing.assert_close(net(x), net(x))
     # with the noise off the experts are their means
     experts = net.moe.experts
-    assert hasattr(experts, "w1_sigma") and not experts.noise
+    assert hasattr(experts, "w1_sigma") and not experts.training
+    net.train()
+    assert not torch.allclose(net(x), net(x))  # and back on in train mode
     plain = rb.fill_defaults(rb.Args(encoder="nature", num_experts=2, expert_width=16, noisy=False))
     assert not hasattr(rb.build_network(plain, 4).moe.experts, "w1_sigma")
 
@@ -231,8 +233,8 @@ def test_n_step_returns_across_episode_ends_with_several_envs():
                 break
         assert batch["rewards"][i] == pytest.approx(ret, rel=1e-6)
         assert batch["terminals"][i] == terminal
-        assert batch["next_states"][i, -1, 0, 0] == (t + length) % 256  # the frame of s_{t+L}
-        assert batch["states"][i, -1, 0, 0] == t % 256
+        assert batch["next_states"]["obs"][i, -1, 0, 0] == (t + length) % 256  # the frame of s_{t+L}
+        assert batch["states"]["obs"][i, -1, 0, 0] == t % 256
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -379,8 +381,8 @@ def test_help_of_a_preset_shows_its_values():
 # ----------------------------------------------------------------------------------------------------------------------
 def random_batch(size: int = 8, num_actions: int = 3) -> dict:
     return {
-        "states": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8),
-        "next_states": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8),
+        "states": {"obs": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8)},
+        "next_states": {"obs": torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8)},
         "actions": torch.randint(0, num_actions, (size,)),
         "rewards": torch.randn(size),
         "terminals": (torch.rand(size) < 0.3).float(),
@@ -423,7 +425,7 @@ def test_evaluation_plays_each_game_to_its_end_with_the_noise_off_and_repeats_fo
     games = [rb.evaluate(net, args, "breakout", 3, "cpu", np.random.default_rng([1, 500])) for _ in range(2)]
     assert games[0] == games[1] and len(games[0]) == 3  # the same checkpoint and seed: the same returns
     assert all(0 < length <= 100 for _, length in games[0])  # 400 frames = 100 agent steps, no-op starts not counted
-    assert all(layer.noise for layer in net.modules() if hasattr(layer, "noise"))  # the noise is back on for training
+    assert all(module.training for module in net.modules())  # train mode again: the noise is back on for training
 
 
 def test_the_code_shared_with_dqn_is_byte_identical():
@@ -440,7 +442,8 @@ def test_the_code_shared_with_dqn_is_byte_identical():
              "top1_route importance_loss load_loss load_balancing_loss count_parameters build_network architecture "
              "epsilon_schedule make_optimizer to_tensors GraphedUpdate GraphedPolicy period_crossed eta "
              "iteration_returns read_checkpoint restore replay_path save_replay remove_stale_replays "
-             "load_replay").split()  # fmt: skip
+             "load_replay SoftMoE Top1MoE network_inputs select_actions ObservationOnly observation_batch "
+             "observation_step").split()  # fmt: skip
     for name in names:
         assert inspect.getsource(getattr(rb, name)) == inspect.getsource(getattr(dqn, name)), name
 
@@ -455,7 +458,7 @@ def test_the_eta_uses_the_rate_since_learning_started_and_is_a_lower_bound_befor
     lines = []
     for t, step, updates in [(10, 1_000, 0), (20, 2_000, 1), (30, 2_100, 100), (40, 2_200, 200)]:
         clock[0] = t
-        run.log_step(step, [], None, 1.0, updates, {})
+        run.log_step(step, [], None, updates, {}, {"epsilon": 1.0})
         lines.append(capsys.readouterr().out.strip().split(" | ")[-1])
     assert lines == [
         "ETA over 0h01m30s (not yet learning for a whole interval)",  # 9,000 steps at 100 steps/s
@@ -592,7 +595,7 @@ def test_a_snapshot_gives_the_statistics_of_the_runs_networks_with_the_noise_off
     args = rb.fill_defaults(rb.Args(**snap["args"]))
     net = rb.build_network(args, 4).to(memory_format=torch.channels_last)
     net.load_state_dict(snap["q_net"])
-    rb.set_noise(net, False)
+    net.eval()
     batch = snap["probe"] | {"weights": torch.ones(32)}
     torch.set_rng_state(snap["torch_rng"])
     expected = moe_analysis.network_analysis(net, net, batch, args, rb.rainbow_loss)  # target period 1: one network

@@ -42,7 +42,10 @@ def main():
 
     # ours in float32, as the script trains
     q32 = check.loaded_network(check.flatten(online), cfg, A)
-    loss, _ = check.dqn_softmoe.dqn_loss(q32, check.loaded_network(check.flatten(target), cfg, A), tensors, args)
+    inputs = {"states": {"obs": tensors["states"]}, "next_states": {"obs": tensors["next_states"]}}
+    loss, _ = check.dqn_softmoe.dqn_loss(
+        q32, check.loaded_network(check.flatten(target), cfg, A), tensors | inputs, args
+    )
     loss.backward()
 
     # the same maths in float64: encoder -> PerConv tokens -> Soft MoE -> head, y = r + gamma (1 - done) max Q_target
