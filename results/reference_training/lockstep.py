@@ -16,8 +16,9 @@ The transitions are one stream of real frames (Breakout by default, random actio
 envs/atari.py and its EpisodeTracker, as the script's main loop stores them): ours gets every row main() would add, the
 reference the same acted steps as its runner would log them (frame, action, clipped reward, terminal, episode end).
 Noise: both networks use their NoisyNet means (the reference's NoisyNetwork takes its eval branch everywhere, the
-experts included: dopamine_reference.noise_off; ours set_noise(False)); they draw noise from different generators, so a
-noisy lockstep could not be compared.
+experts included: dopamine_reference.noise_off; ours draws zeros for its noise, R.factorised_noise patched, so that its
+train mode computes the means exactly); they draw noise from different generators, so a noisy lockstep could not be
+compared.
 
 Whenever the reference updates, ours updates on the minibatch the reference sampled (its keys mapped to our rows and the
 importance weights recomputed from our own priorities). After every update: the batch (states, next states, actions,
@@ -45,6 +46,13 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "benchmark"))
 sys.path.insert(0, os.path.join(ROOT, "algos"))
+
+
+def reverse_rows(batch_entry):
+    """A batch's array, or each array of an inputs mapping, in reverse row order (the control's batch)."""
+    if isinstance(batch_entry, dict):
+        return {k: reverse_rows(v) for k, v in batch_entry.items()}
+    return np.ascontiguousarray(batch_entry[::-1])
 
 
 def trajectory(game: str, acted_steps: int, seed: int, num_actions_out: list) -> list[dict]:
@@ -97,8 +105,8 @@ def replay_audit(agent, replay, elements_t: list, row_of_t: list, args) -> dict:
         ours = replay.transitions(age, env, args.n_step, args.gamma, np.ones(1, dtype=np.float32))
         found = []
         for name, mine, theirs in (
-            ("state", ours["states"][0], element.state[0].transpose(2, 0, 1)),
-            ("next_state", ours["next_states"][0], element.next_state[0].transpose(2, 0, 1)),
+            ("state", ours["states"]["obs"][0], element.state[0].transpose(2, 0, 1)),
+            ("next_state", ours["next_states"]["obs"][0], element.next_state[0].transpose(2, 0, 1)),
         ):
             if not np.array_equal(mine, theirs):
                 frames = [i for i in range(4) if not np.array_equal(mine[i], theirs[i])]
@@ -152,6 +160,8 @@ def main():
     import rainbow_softmoe as R
 
     torch.set_num_threads(1)
+    # noise off in ours: train_step puts the network in train mode, where NoisyNets draw; zeros give exactly the means
+    R.factorised_noise = lambda shape, device: torch.zeros(shape, device=device)
     t_start = time.time()
     num_actions_box = []
     rows = trajectory(args.game, args.steps, args.seed, num_actions_box)
@@ -256,8 +266,8 @@ def main():
         b = state["batch"]
         weights = 1.0 / np.sqrt(b["sampling_probabilities"] + 1e-10)  # as the reference computes its loss weights
         fed = {
-            "states": b["state"][:, 0].transpose(0, 3, 1, 2),
-            "next_states": b["next_state"][:, 0].transpose(0, 3, 1, 2),
+            "states": {"obs": b["state"][:, 0].transpose(0, 3, 1, 2)},
+            "next_states": {"obs": b["next_state"][:, 0].transpose(0, 3, 1, 2)},
             "actions": b["action"][:, 0].astype(np.int64),
             "rewards": b["reward"][:, 0].astype(np.float32),
             "terminals": b["terminal"][:, 0].astype(np.float32),
@@ -265,7 +275,7 @@ def main():
         }
         metrics = R.train_step(q_net, target_net, optimizer, R.to_tensors(fed, "cpu"), our_args)
         forced_step = teacher_forced_step(before, fed)
-        reverse = {k: np.ascontiguousarray(v[::-1]) for k, v in fed.items()}
+        reverse = {k: reverse_rows(v) for k, v in fed.items()}
         R.train_step(control, control_target, control_optimizer, R.to_tensors(reverse, "cpu"), our_args)
         state["updates"] += 1
         ours_p = np.sqrt(metrics["per_sample_loss"].detach().double().numpy() + 1e-10)  # update_priorities' formula

@@ -5,8 +5,10 @@ would, with the changes of dopamine_reference.CHANGES.
     .refvenv/bin/python results/reference_training/train.py --dopamine-dir ../dopamine --game Breakout \
         --moe-type SOFTMOE --seed 1 --base-dir results/reference_training/work/dopamine_Breakout_softmoe_s1
 
-The runner checkpoints after every iteration (10,000 agent steps and its 100 evaluation episodes) into
-<base-dir>/checkpoints and resumes from the latest one when started again on the same --base-dir. Its per-iteration
+The runner checkpoints after every iteration (DER.gin: 10,000 agent steps and 100 evaluation episodes) into
+<base-dir>/checkpoints and resumes from the latest one when started again on the same --base-dir. --iteration-steps
+2000 --num-iterations 50 --eval-every 5 trains the same 100,000 steps and evaluates at the same steps, checkpointing
+every 2,000 (run_reference.sh does so: an update takes ~3 s here, a 10,000-step iteration ~7 hours). Its per-iteration
 statistics go to <base-dir>/logs (Dopamine's logger) and its tensorboard events to <base-dir>/metrics and <base-dir>.
 """
 
@@ -30,6 +32,19 @@ def main():
     p.add_argument("--seed", type=int, default=1, help="the run number: the agent's seed, tf's and numpy's")
     p.add_argument("--base-dir", required=True, help="the run's folder (checkpoints, logs, tensorboard)")
     p.add_argument("--num-iterations", type=int, default=10, help="Runner.num_iterations (DER.gin: 10)")
+    p.add_argument(
+        "--iteration-steps",
+        type=int,
+        default=10_000,
+        help="Runner.training_steps (DER.gin: 10,000), the agent steps between two checkpoints of the runner",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=1,
+        help="evaluate after every k-th iteration only (DER.gin: every iteration); with --iteration-steps 2000 and "
+        "--eval-every 5 the evaluations fall where DER.gin's do and the runner checkpoints 5x as often",
+    )
     p.add_argument("--gin", action="append", default=[], help="extra gin bindings, e.g. 'Runner.training_steps=1000'")
     args = p.parse_args()
 
@@ -45,6 +60,7 @@ def main():
         f"atari_lib.create_atari_environment.game_name = '{args.game}'",
         f"FullRainbowMoENetwork.moe_type = '{args.moe_type}'",
         f"Runner.num_iterations = {args.num_iterations}",
+        f"Runner.training_steps = {args.iteration_steps}",
         *args.gin,
     ]
     ref.run_experiment.load_gin_configs([ref.der_gin], bindings)
@@ -57,8 +73,24 @@ def main():
             num_actions=environment.action_space.n, seed=args.seed, summary_writer=summary_writer
         )
 
+    class Runner(ref.runner.DataEfficientAtariRunner):
+        """The reference's runner, its evaluation phase skipped after all but every --eval-every-th iteration. A
+        training phase goes on from the previous one's episode and step (the runner's resume_state), so shorter
+        iterations train exactly as DER.gin's do within one process; a restart from a checkpoint starts a new
+        episode, as the runner always does."""
+
+        def _run_one_iteration(self, iteration):
+            self.evaluate_now = (iteration + 1) % args.eval_every == 0
+            return super()._run_one_iteration(iteration)
+
+        def _run_eval_phase(self, statistics):
+            if self.evaluate_now:
+                return super()._run_eval_phase(statistics)
+            logging.info("Evaluation skipped (--eval-every %d)", args.eval_every)
+            return 0, 0.0, 0.0
+
     t0 = time.time()
-    runner = ref.runner.DataEfficientAtariRunner(args.base_dir, create_agent)
+    runner = Runner(args.base_dir, create_agent)
     runner.run_experiment()
     logging.info("reference run finished in %.0f s", time.time() - t0)
 
