@@ -306,6 +306,33 @@ def main():
                 f"max rel. diff {entry['max_priority_rel_diff']:.1e}, {time.time() - t_start:.0f} s",
                 flush=True,
             )
+        if state["updates"] % 100 == 0:  # the run so far, in case it is stopped before its end (complete: false)
+            write_partial()
+
+    def write_partial():
+        updates = log["updates"]
+        partial = {
+            "complete": False,
+            "game": args.game,
+            "moe_type": args.moe_type,
+            "agent_steps_so_far": state["step"],
+            "updates_compared": len(updates),
+            "target_syncs": [s["step"] for s in log["syncs"]],
+            "largest_parameter_difference": state["max_param_diff"],
+            "first_update_parted": state["parted"],
+            "parted_threshold": our_args.learning_rate,
+            "teacher_forced_largest_parameter_difference": max(u["forced_max_param_diff"] for u in updates),
+            "largest_control_difference": max(u["control_max_param_diff"] for u in updates),
+            "syncs": log["syncs"],
+            "param_diff_every_100_updates": [
+                (u["update"], u["max_param_diff"], u["control_max_param_diff"], u["worst_param"])
+                for u in updates
+                if u["update"] % 100 == 0 or u["update"] in (1, 10)
+            ],
+        }
+        with open(f"{args.out}.tmp", "w") as f:
+            json.dump(partial, f, indent=1)
+        os.replace(f"{args.out}.tmp", args.out)
 
     def teacher_forced_step(before, fed) -> dict:
         """Ours from the reference's state before this update, one step on the same batch, against the reference's
@@ -406,6 +433,7 @@ def main():
     audit = replay_audit(agent, replay, elements_t, row_of_t, our_args)
     updates = log["updates"]
     result = {
+        "complete": True,
         "game": args.game,
         "moe_type": args.moe_type,
         "seed": args.seed,
