@@ -1,0 +1,158 @@
+"""The comparison README.md fixed before the trained runs ended: the reference's own DER.gin run (run_reference.sh)
+against ours (results/atari100k_26games/queue.sh's Breakout seed 1), one arm at a time, at the reference's step S.
+
+    .refvenv/bin/python -W ignore results/reference_training/compare.py --arm softmoe --dopamine-dir ../dopamine
+
+1. Curves: each code's training return per 2,000 agent steps (the mean of the episodes that end in the block) up to
+   S, the last 100 episodes that end by S (or all, if fewer), and the reference's evaluations (every 10,000 steps).
+   The reference's episodes come from its log ("Steps executed: ..." within each iteration's training phase,
+   iteration i starting at step i x --iteration-steps); ours from the newest segment's episodes.csv.
+2. Routing (Soft MoE) at S10, the last multiple of 10,000 steps that both have (the reference's checkpoint of that
+   step, our snapshot): dispatch entropy / log m, combine entropy, token diversity in and out, from
+   benchmark/moe_analysis.py's routing_statistics on our snapshot's 32 probe stacks for both networks (the
+   reference's parameters copied into our network by benchmark/compare_with_dopamine.py's weight copy, noise off);
+   and Phi's gradient scale against Adam's eps (1.5e-4): the reference's sqrt of Adam's bias-corrected second moment
+   of Phi (its mean over Phi), ours the mean of losses/phi_grad_rms over the 2,000 steps before S10.
+3. The verdict by the README's rule. Writes compare_<arm>.json beside this file.
+"""
+
+import argparse
+import csv
+import glob
+import json
+import os
+import pickle
+import re
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path[:0] = [HERE, ROOT, os.path.join(ROOT, "algos"), os.path.join(ROOT, "benchmark")]
+OURS = os.path.join(ROOT, "results", "atari100k_26games", "work", "runs")
+BLOCK = 2_000
+
+
+def reference_episodes(log_path: str, iteration_steps: int) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """(step at the episode's end, return) of every training episode, and (step, mean return) of every evaluation."""
+    episodes, evaluations, iteration, training = [], [], None, False
+    with open(log_path) as f:
+        for line in f:
+            if m := re.search(r"Starting iteration (\d+)", line):
+                iteration, training = int(m.group(1)), True
+            elif "per training episode" in line:
+                training = False
+            elif (m := re.search(r"per evaluation episode: ([-\d.]+)", line)) and iteration is not None:
+                evaluations.append(((iteration + 1) * iteration_steps, float(m.group(1))))
+            elif training and (m := re.search(r"Steps executed: (\d+) .* Return: ([-\d.]+)", line)):
+                episodes.append((iteration * iteration_steps + int(m.group(1)), float(m.group(2))))
+    return episodes, evaluations
+
+
+def our_run(moe: str) -> str:
+    segments = glob.glob(os.path.join(OURS, f"Breakout__der_Breakout_{moe}_s1__*"))
+    if not segments:
+        raise SystemExit(f"error: no run of ours in {OURS} for --moe {moe}")
+    return max(segments, key=lambda d: os.path.getmtime(os.path.join(d, "episodes.csv")))
+
+
+def our_episodes(run_dir: str) -> list[tuple[int, float]]:
+    with open(os.path.join(run_dir, "episodes.csv")) as f:
+        return [(int(r["global_step"]), float(r["return"])) for r in csv.DictReader(f)]
+
+
+def curve(episodes: list[tuple[int, float]], upto: int) -> dict:
+    blocks = {}
+    for step, ret in episodes:
+        if step <= upto:
+            blocks.setdefault((step - 1) // BLOCK, []).append(ret)
+    last = [ret for step, ret in episodes if step <= upto][-100:]
+    return {
+        "per_2000_steps": {(k + 1) * BLOCK: float(np.mean(v)) for k, v in sorted(blocks.items())},
+        "last_100_mean": float(np.mean(last)) if last else None,
+        "last_100_episodes": len(last),
+    }
+
+
+def routing(arm: str, step: int, reference_dir: str, ours_dir: str, dopamine_dir: str, iteration_steps: int) -> dict:
+    import dopamine_reference
+    import torch
+
+    import compare_with_dopamine as cw
+    import moe_analysis
+    import rainbow_softmoe as R
+    from scalars import read_scalars
+
+    dopamine_reference.load(dopamine_dir)  # the reference's modules, to unpickle its checkpoint's optimizer state
+    snapshot = torch.load(os.path.join(ours_dir, "snapshots", f"rainbow_softmoe_{step}.pt"), weights_only=True)
+    args = R.fill_defaults(R.Args(**snapshot["args"]))
+    ours_net = R.build_network(args, 4)
+    ours_net.load_state_dict(snapshot["q_net"])
+    with open(os.path.join(reference_dir, "checkpoints", f"ckpt.{step // iteration_steps - 1}"), "rb") as f:
+        ckpt = pickle.load(f)
+    cfg = dict(name=arm, family="rainbow", noisy=True, dueling=True, num_atoms=51, encoder="nature", moe="softmoe",
+               num_experts=4, tokenization="perconv")  # fmt: skip
+    ref_net = cw.loaded_network(cw.flatten(ckpt["online_params"]), cfg, 4)
+    inputs = snapshot["probe"]["states"]
+    inputs = {"obs": inputs} if torch.is_tensor(inputs) else inputs
+    out = {}
+    for code, net in (("ours", ours_net), ("dopamine", ref_net)):
+        net.eval()
+        with torch.no_grad():
+            _, aux = net(inputs, return_aux=True)
+        out[code] = moe_analysis.routing_statistics(aux)
+    adam = ckpt["optimizer_state"][0]
+    nu = cw.flatten({"params": adam.nu["params"]})["SoftMoE_0/phi_weights"]
+    bias = 1 - 0.999 ** int(adam.count)  # optax.adam's b2
+    out["dopamine"]["phi_grad_scale"] = float(np.sqrt(np.asarray(nu) / bias).mean())
+    segments = glob.glob(os.path.join(OURS, "Breakout__der_Breakout_softmoe_s1__*"))  # every segment's events
+    scalars = read_scalars(segments)
+    recent = [v for (tag, s), v in scalars.items() if tag == "losses/phi_grad_rms" and step - BLOCK < s <= step]
+    out["ours"]["phi_grad_scale"] = float(np.mean(recent)) if recent else None
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arm", choices=["softmoe", "baseline"], required=True)
+    p.add_argument("--dopamine-dir", required=True)
+    p.add_argument("--iteration-steps", type=int, default=2_000, help="the reference run's --iteration-steps")
+    cli = p.parse_args()
+    moe = "softmoe" if cli.arm == "softmoe" else "none"
+    reference_dir = os.path.join(HERE, "work", f"dopamine_Breakout_{cli.arm}_s1")
+    ours_dir = our_run(moe)
+    ref_episodes, evaluations = reference_episodes(os.path.join(reference_dir, "train_log.txt"), cli.iteration_steps)
+    checkpoints = [
+        int(n.split(".")[1]) for n in os.listdir(os.path.join(reference_dir, "checkpoints")) if n.startswith("ckpt.")
+    ]
+    if not checkpoints:
+        raise SystemExit(f"error: the reference run in {reference_dir} has no checkpoint yet")
+    S = (max(checkpoints) + 1) * cli.iteration_steps
+    ours_episodes = our_episodes(ours_dir)
+    result = {
+        "arm": cli.arm,
+        "reference_steps": S,
+        "ours_run": os.path.relpath(ours_dir, ROOT),
+        "curves": {"dopamine": curve(ref_episodes, S), "ours": curve(ours_episodes, S)},
+        "dopamine_evaluations": [e for e in evaluations if e[0] <= S],
+    }
+    snapshots = {int(n.rsplit("_", 1)[1][:-3]) for n in os.listdir(os.path.join(ours_dir, "snapshots"))}
+    S10 = max((s for s in snapshots if s <= S and s % 10_000 == 0), default=None)
+    if cli.arm == "softmoe" and S10:
+        result["routing_step"] = S10
+        result["routing"] = routing(cli.arm, S10, reference_dir, ours_dir, cli.dopamine_dir, cli.iteration_steps)
+        ref = result["routing"]["dopamine"]
+        frozen = ref["routing_dispatch_entropy"] > 0.99 and ref["phi_grad_scale"] < 1.5e-4 / 10
+        result["routing_verdict"] = "the reference's routing freezes too" if frozen else "it differs, here"
+    with open(os.path.join(HERE, f"compare_{cli.arm}.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    c = result["curves"]
+    line = f"{cli.arm} at the reference's step {S:,}: last 100 training episodes: dopamine "
+    line += f"{c['dopamine']['last_100_mean']} ({c['dopamine']['last_100_episodes']} episodes), ours "
+    line += f"{c['ours']['last_100_mean']} ({c['ours']['last_100_episodes']})"
+    print(line + (f"; {result['routing_verdict']}" if "routing_verdict" in result else ""))
+
+
+if __name__ == "__main__":
+    main()
