@@ -39,6 +39,12 @@ CHANGES = {
     "gin_replay": "labs/moes/configs/DER.gin binds only the TF replay (OutOfGraphPrioritizedReplayBuffer.*); the JAX "
     "replay the agent builds gets the bindings of labs/atari_100k/configs/DER.gin: ReplayBuffer.max_capacity = "
     "1_000_000, ReplayBuffer.batch_size = 32, PrioritizedSamplingDistribution.max_capacity = 1_000_000",
+    "observation_copy": "labs/atari_100k/atari_100k_runner.py's _run_parallel writes every step's observations in "
+    "place into one of two alternating buffers (new_obses[step % 2]) and the agent hands views of them to the JAX "
+    "replay, whose TransitionAccumulator keeps them until it builds an element's stacks, up to n + 3 steps later: by "
+    "then both buffers hold newer frames, so every stored stack alternates the two newest frames (and with n = 10, "
+    "next_state is state). ReplayBuffer.add is given a copy of the transition's observation (the TF buffer that "
+    "labs/moes used at its import copies each observation when it is added)",
     "driver": "labs/moes/atari_100k_train.py keeps an internal-only import; train.py does what its main() does "
     "(gin configs, the agent factory with seed = run number, DataEfficientAtariRunner, run_experiment) and seeds "
     "tf and numpy with the run number as it does",
@@ -113,9 +119,12 @@ def noise_off(source: str) -> str:
     return source.replace(branch, "    if True:  # lockstep.py: noise off\n      # Turn off noise during evaluation")
 
 
-def load(dopamine_dir: str, without_noise: bool = False, replay_as_shipped: bool = False) -> types.SimpleNamespace:
+def load(
+    dopamine_dir: str, without_noise: bool = False, replay_as_shipped: bool = False, aliasing_as_shipped: bool = False
+) -> types.SimpleNamespace:
     """The reference's modules, changed as CHANGES says; `without_noise` (lockstep.py) also zeroes every NoisyNet's
-    noise; `replay_as_shipped` leaves the replay scheme uniform, as this commit runs it."""
+    noise; `replay_as_shipped` leaves the replay scheme uniform, as this commit runs it; `aliasing_as_shipped` leaves
+    the replay holding views of the runner's two observation buffers (observation_copy)."""
     if not os.path.isfile(
         os.path.join(dopamine_dir, "dopamine", "labs", "moes", "agents", "rainbow_100k_moe_agent.py")
     ):
@@ -149,6 +158,15 @@ def load(dopamine_dir: str, without_noise: bool = False, replay_as_shipped: bool
         self.update(indices, priorities=priorities)
 
     replay_buffer.ReplayBuffer.set_priority = set_priority
+    if not aliasing_as_shipped:
+        shipped_add = replay_buffer.ReplayBuffer.add
+
+        def add_a_copy(self, transition, **kwargs):
+            import numpy
+
+            return shipped_add(self, transition._replace(observation=numpy.array(transition.observation)), **kwargs)
+
+        replay_buffer.ReplayBuffer.add = add_a_copy
     return types.SimpleNamespace(
         dir=os.path.abspath(dopamine_dir),
         gin=gin,
