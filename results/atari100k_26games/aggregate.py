@@ -53,8 +53,8 @@ def runs() -> list[dict]:
                 "eval_mean_return": s.get("eval_mean_return"),
                 "eval_human_normalized": s.get("eval_human_normalized_score"),
                 "der_2019": DER_2019.get(s["game"]),
-                "steps_per_second": round(s["sps"], 2),
-                "commit": str(s.get("code", "")).split()[0][:7],
+                "steps_per_second": round(s["sps"], 2),  # the last segment's rate
+                "commit": ((s.get("code") or {}).get("commit") or "")[:7],  # the last segment's
             }
         )
     return rows
@@ -84,6 +84,11 @@ def aggregate(rows: list[dict]) -> dict:
     score = {(r["game"], r["arm"]): r["eval_human_normalized"] for r in rows if r["seed"] == 1}
     games = [g for g in GAMES_26 if score.get((g, "baseline")) is not None and score.get((g, "softmoe")) is not None]
     out = {"games_complete": len(games), "games": games, "seed": 1, "resamples": RESAMPLES}
+    out["per_game"] = [
+        {"game": g, "baseline": score[(g, "baseline")], "softmoe": score[(g, "softmoe")],
+         "sign": int(np.sign(score[(g, "softmoe")] - score[(g, "baseline")]))}
+        for g in games
+    ]  # fmt: skip
     if len(games) < 2:
         return out | {"verdict": f"incomplete: {len(games)} of 26 games have both arms"}
     base = np.array([score[(g, "baseline")] for g in games])

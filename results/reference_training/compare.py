@@ -41,6 +41,9 @@ def reference_episodes(log_path: str, iteration_steps: int) -> tuple[list[tuple[
         for line in f:
             if m := re.search(r"Starting iteration (\d+)", line):
                 iteration, training = int(m.group(1)), True
+                start = iteration * iteration_steps  # a restart repeats an iteration: keep its last pass only
+                episodes = [e for e in episodes if e[0] <= start]
+                evaluations = [e for e in evaluations if e[0] <= start]
             elif "per training episode" in line:
                 training = False
             elif (m := re.search(r"per evaluation episode: ([-\d.]+)", line)) and iteration is not None:
@@ -55,6 +58,22 @@ def our_run(moe: str) -> str:
     if not segments:
         raise SystemExit(f"error: no run of ours in {OURS} for --moe {moe}")
     return max(segments, key=lambda d: os.path.getmtime(os.path.join(d, "episodes.csv")))
+
+
+def our_snapshot(moe: str, step: int) -> str | None:
+    """Our snapshot of that step, in whichever segment of the run wrote it."""
+    found = glob.glob(
+        os.path.join(OURS, f"Breakout__der_Breakout_{moe}_s1__*", "snapshots", f"rainbow_softmoe_{step}.pt")
+    )
+    return found[0] if found else None
+
+
+def reference_checkpoint(reference_dir: str, step: int, iteration_steps: int) -> str | None:
+    """The reference's checkpoint of that step: the runner's (it keeps the last 4) or train.py's copy at 10,000s."""
+    for name in (f"ckpt.{step // iteration_steps - 1}", f"keep_ckpt.{step // iteration_steps - 1}"):
+        if os.path.exists(path := os.path.join(reference_dir, "checkpoints", name)):
+            return path
+    return None
 
 
 def our_episodes(run_dir: str) -> list[tuple[int, float]]:
@@ -75,7 +94,7 @@ def curve(episodes: list[tuple[int, float]], upto: int) -> dict:
     }
 
 
-def routing(arm: str, step: int, reference_dir: str, ours_dir: str, dopamine_dir: str, iteration_steps: int) -> dict:
+def routing(arm: str, step: int, snapshot_path: str, checkpoint_path: str, dopamine_dir: str) -> dict:
     import dopamine_reference
     import torch
 
@@ -85,11 +104,11 @@ def routing(arm: str, step: int, reference_dir: str, ours_dir: str, dopamine_dir
     from scalars import read_scalars
 
     dopamine_reference.load(dopamine_dir)  # the reference's modules, to unpickle its checkpoint's optimizer state
-    snapshot = torch.load(os.path.join(ours_dir, "snapshots", f"rainbow_softmoe_{step}.pt"), weights_only=True)
+    snapshot = torch.load(snapshot_path, weights_only=True)
     args = R.fill_defaults(R.Args(**snapshot["args"]))
     ours_net = R.build_network(args, 4)
     ours_net.load_state_dict(snapshot["q_net"])
-    with open(os.path.join(reference_dir, "checkpoints", f"ckpt.{step // iteration_steps - 1}"), "rb") as f:
+    with open(checkpoint_path, "rb") as f:
         ckpt = pickle.load(f)
     cfg = dict(name=arm, family="rainbow", noisy=True, dueling=True, num_atoms=51, encoder="nature", moe="softmoe",
                num_experts=4, tokenization="perconv")  # fmt: skip
@@ -118,6 +137,12 @@ def main():
     p.add_argument("--arm", choices=["softmoe", "baseline"], required=True)
     p.add_argument("--dopamine-dir", required=True)
     p.add_argument("--iteration-steps", type=int, default=2_000, help="the reference run's --iteration-steps")
+    p.add_argument(
+        "--upto",
+        type=int,
+        default=None,
+        help="compare at this step (the README's sign rule: the smaller S of the arms)",
+    )
     cli = p.parse_args()
     moe = "softmoe" if cli.arm == "softmoe" else "none"
     reference_dir = os.path.join(HERE, "work", f"dopamine_Breakout_{cli.arm}_s1")
@@ -129,6 +154,10 @@ def main():
     if not checkpoints:
         raise SystemExit(f"error: the reference run in {reference_dir} has no checkpoint yet")
     S = (max(checkpoints) + 1) * cli.iteration_steps
+    if cli.upto is not None:
+        if cli.upto > S:
+            raise SystemExit(f"error: --upto {cli.upto} is past the reference run's last checkpoint step {S}")
+        S = cli.upto
     ours_episodes = our_episodes(ours_dir)
     result = {
         "arm": cli.arm,
@@ -137,11 +166,15 @@ def main():
         "curves": {"dopamine": curve(ref_episodes, S), "ours": curve(ours_episodes, S)},
         "dopamine_evaluations": [e for e in evaluations if e[0] <= S],
     }
-    snapshots = {int(n.rsplit("_", 1)[1][:-3]) for n in os.listdir(os.path.join(ours_dir, "snapshots"))}
-    S10 = max((s for s in snapshots if s <= S and s % 10_000 == 0), default=None)
-    if cli.arm == "softmoe" and S10:
+    pairs = [
+        (step, our_snapshot(moe, step), reference_checkpoint(reference_dir, step, cli.iteration_steps))
+        for step in range(S // 10_000 * 10_000, 0, -10_000)
+    ]
+    shared = next(((step, snap, ckpt) for step, snap, ckpt in pairs if snap and ckpt), None)
+    if cli.arm == "softmoe" and shared:
+        S10, snapshot_path, checkpoint_path = shared
         result["routing_step"] = S10
-        result["routing"] = routing(cli.arm, S10, reference_dir, ours_dir, cli.dopamine_dir, cli.iteration_steps)
+        result["routing"] = routing(cli.arm, S10, snapshot_path, checkpoint_path, cli.dopamine_dir)
         ref = result["routing"]["dopamine"]
         frozen = ref["routing_dispatch_entropy"] > 0.99 and ref["phi_grad_scale"] < 1.5e-4 / 10
         result["routing_verdict"] = "the reference's routing freezes too" if frozen else "it differs, here"

@@ -7,15 +7,17 @@ would, with the changes of dopamine_reference.CHANGES.
 
 The runner checkpoints after every iteration (DER.gin: 10,000 agent steps and 100 evaluation episodes) into
 <base-dir>/checkpoints and resumes from the latest one when started again on the same --base-dir. --iteration-steps
-2000 --num-iterations 50 --eval-every 5 trains the same 100,000 steps and evaluates at the same steps, checkpointing
-every 2,000 (run_reference.sh does so: an update takes ~3 s here, a 10,000-step iteration ~7 hours). Its per-iteration
-statistics go to <base-dir>/logs (Dopamine's logger) and its tensorboard events to <base-dir>/metrics and <base-dir>.
+2000 --num-iterations 50 --eval-every 5 trains the same 100,000 steps (to within a step a phase) and evaluates at the
+same steps, checkpointing every 2,000 (run_reference.sh does so: an update takes 3-6 s here, a 10,000-step iteration
+8-16 hours). Its per-iteration statistics go to <base-dir>/logs (Dopamine's logger) and its tensorboard events to
+<base-dir>/metrics and <base-dir>.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 
@@ -75,13 +77,22 @@ def main():
 
     class Runner(ref.runner.DataEfficientAtariRunner):
         """The reference's runner, its evaluation phase skipped after all but every --eval-every-th iteration. A
-        training phase goes on from the previous one's episode and step (the runner's resume_state), so shorter
-        iterations train exactly as DER.gin's do within one process; a restart from a checkpoint starts a new
-        episode, as the runner always does."""
+        training phase goes on from the previous one's episode (the runner's resume_state), so shorter iterations
+        train as DER.gin's do within one process, to within a step a phase (a phase runs its steps + 1); a restart
+        from a checkpoint starts a new episode, as the runner always does."""
 
         def _run_one_iteration(self, iteration):
             self.evaluate_now = (iteration + 1) % args.eval_every == 0
             return super()._run_one_iteration(iteration)
+
+        def _checkpoint_experiment(self, iteration):
+            """The runner's checkpoint (it keeps the last 4), and a copy of the agent's parameters and optimizer state
+            at every 10,000 steps (checkpoints/keep_ckpt.<iteration>, ~70 MB each), which compare.py reads."""
+            super()._checkpoint_experiment(iteration)
+            if (iteration + 1) * args.iteration_steps % 10_000 == 0:
+                path = os.path.join(args.base_dir, "checkpoints", f"ckpt.{iteration}")
+                if os.path.exists(path):
+                    shutil.copyfile(path, os.path.join(args.base_dir, "checkpoints", f"keep_ckpt.{iteration}"))
 
         def _run_eval_phase(self, statistics):
             if self.evaluate_now:
