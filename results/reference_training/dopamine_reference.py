@@ -159,11 +159,11 @@ def load(
 
     replay_buffer.ReplayBuffer.set_priority = set_priority
     if not aliasing_as_shipped:
+        import numpy
+
         shipped_add = replay_buffer.ReplayBuffer.add
 
         def add_a_copy(self, transition, **kwargs):
-            import numpy
-
             return shipped_add(self, transition._replace(observation=numpy.array(transition.observation)), **kwargs)
 
         replay_buffer.ReplayBuffer.add = add_a_copy

@@ -153,7 +153,9 @@ def main():
 
     import dopamine_reference
 
-    ref = dopamine_reference.load(args.dopamine_dir, without_noise=True)
+    # aliasing_as_shipped: this script hands the reference a fresh array every step (no aliasing to undo), and its
+    # bookkeeping names a step by the identity of the array the accumulator keeps, which the copy would break
+    ref = dopamine_reference.load(args.dopamine_dir, without_noise=True, aliasing_as_shipped=True)
     import torch
 
     import compare_with_dopamine as cw
@@ -309,30 +311,46 @@ def main():
         if state["updates"] % 100 == 0:  # the run so far, in case it is stopped before its end (complete: false)
             write_partial()
 
-    def write_partial():
+    def compared() -> dict:
+        """What the updates so far compared: the final lockstep.json and the one written every 100 updates."""
         updates = log["updates"]
-        partial = {
-            "complete": False,
-            "game": args.game,
-            "moe_type": args.moe_type,
-            "agent_steps_so_far": state["step"],
+        return {
             "updates_compared": len(updates),
             "target_syncs": [s["step"] for s in log["syncs"]],
             "largest_parameter_difference": state["max_param_diff"],
             "first_update_parted": state["parted"],
             "parted_threshold": our_args.learning_rate,
-            "teacher_forced_largest_parameter_difference": max(u["forced_max_param_diff"] for u in updates),
-            "largest_control_difference": max(u["control_max_param_diff"] for u in updates),
+            "largest_new_priority_difference": max((u["max_priority_diff"] for u in updates), default=None),
+            "largest_new_priority_relative_difference": max(
+                (u["max_priority_rel_diff"] for u in updates), default=None
+            ),
             "syncs": log["syncs"],
+            "teacher_forced": {
+                "updates": len(updates),
+                "largest_parameter_difference": max((u["forced_max_param_diff"] for u in updates), default=None),
+                "largest_difference_over_step": max(
+                    (u["forced_max_param_diff"] / u["forced_largest_step"] for u in updates), default=None
+                ),
+            },
+            "largest_control_difference": max((u["control_max_param_diff"] for u in updates), default=None),
+            "first_update_control_parted": next(
+                (u["update"] for u in updates if u["control_max_param_diff"] >= our_args.learning_rate), None
+            ),
             "param_diff_every_100_updates": [
                 (u["update"], u["max_param_diff"], u["control_max_param_diff"], u["worst_param"])
                 for u in updates
                 if u["update"] % 100 == 0 or u["update"] in (1, 10)
             ],
         }
+
+    def write(result: dict):
         with open(f"{args.out}.tmp", "w") as f:
-            json.dump(partial, f, indent=1)
+            json.dump(result, f, indent=1)
         os.replace(f"{args.out}.tmp", args.out)
+
+    def write_partial():
+        head = {"complete": False, "game": args.game, "moe_type": args.moe_type, "seed": args.seed}
+        write(head | {"agent_steps_so_far": state["step"]} | compared())
 
     def teacher_forced_step(before, fed) -> dict:
         """Ours from the reference's state before this update, one step on the same batch, against the reference's
@@ -431,45 +449,19 @@ def main():
             t += 1
 
     audit = replay_audit(agent, replay, elements_t, row_of_t, our_args)
-    updates = log["updates"]
     result = {
         "complete": True,
         "game": args.game,
         "moe_type": args.moe_type,
         "seed": args.seed,
         "agent_steps": t,
-        "updates_compared": len(updates),
-        "target_syncs": [s["step"] for s in log["syncs"]],
         "first_update_step": {"reference": ref_first_update, "ours_schedule": our_first_update},
-        "largest_parameter_difference": state["max_param_diff"],
-        "first_update_parted": state["parted"],
-        "parted_threshold": our_args.learning_rate,
-        "largest_new_priority_difference": max((u["max_priority_diff"] for u in updates), default=None),
-        "largest_new_priority_relative_difference": max((u["max_priority_rel_diff"] for u in updates), default=None),
-        "replay_audit": audit,
-        "sampled_elements_by_kind": sampled_kinds(updates, audit),
-        "syncs": log["syncs"],
-        "teacher_forced": {
-            "updates": len(updates),
-            "largest_parameter_difference": max((u["forced_max_param_diff"] for u in updates), default=None),
-            "largest_difference_over_step": max(
-                (u["forced_max_param_diff"] / u["forced_largest_step"] for u in updates), default=None
-            ),
-        },
-        "largest_control_difference": max((u["control_max_param_diff"] for u in updates), default=None),
-        "first_update_control_parted": next(
-            (u["update"] for u in updates if u["control_max_param_diff"] >= our_args.learning_rate), None
-        ),
-        "param_diff_every_100_updates": [
-            (u["update"], u["max_param_diff"], u["control_max_param_diff"], u["worst_param"])
-            for u in updates
-            if u["update"] % 100 == 0 or u["update"] in (1, 10)
-        ],
+        **compared(),
+        "replay_audit": {k: v for k, v in audit.items() if k != "per_element"},
+        "sampled_elements_by_kind": sampled_kinds(log["updates"], audit),
         "wall_time_s": time.time() - t_start,
     }
-    result["replay_audit"] = {k: v for k, v in audit.items() if k != "per_element"}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write(result)
     print(json.dumps({k: v for k, v in result.items() if k not in ("syncs", "param_diff_every_100_updates")}, indent=1))
 
 
