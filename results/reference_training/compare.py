@@ -94,7 +94,7 @@ def curve(episodes: list[tuple[int, float]], upto: int) -> dict:
     }
 
 
-def routing(arm: str, step: int, snapshot_path: str, checkpoint_path: str, dopamine_dir: str) -> dict:
+def routing(step: int, snapshot_path: str, checkpoint_path: str, dopamine_dir: str) -> dict:
     import dopamine_reference
     import torch
 
@@ -110,9 +110,8 @@ def routing(arm: str, step: int, snapshot_path: str, checkpoint_path: str, dopam
     ours_net.load_state_dict(snapshot["q_net"])
     with open(checkpoint_path, "rb") as f:
         ckpt = pickle.load(f)
-    cfg = dict(name=arm, family="rainbow", noisy=True, dueling=True, num_atoms=51, encoder="nature", moe="softmoe",
-               num_experts=4, tokenization="perconv")  # fmt: skip
-    ref_net = cw.loaded_network(cw.flatten(ckpt["online_params"]), cfg, 4)
+    der_gin = cw.configurations()[0]  # the weight copy's DER.gin network: Nature CNN, Soft MoE with 4 experts
+    ref_net = cw.loaded_network(cw.flatten(ckpt["online_params"]), der_gin, 4)
     inputs = snapshot["probe"]["states"]
     inputs = {"obs": inputs} if torch.is_tensor(inputs) else inputs
     out = {}
@@ -174,7 +173,7 @@ def main():
     if cli.arm == "softmoe" and shared:
         S10, snapshot_path, checkpoint_path = shared
         result["routing_step"] = S10
-        result["routing"] = routing(cli.arm, S10, snapshot_path, checkpoint_path, cli.dopamine_dir)
+        result["routing"] = routing(S10, snapshot_path, checkpoint_path, cli.dopamine_dir)
         ref = result["routing"]["dopamine"]
         frozen = ref["routing_dispatch_entropy"] > 0.99 and ref["phi_grad_scale"] < 1.5e-4 / 10
         result["routing_verdict"] = "the reference's routing freezes too" if frozen else "it differs, here"
