@@ -45,6 +45,12 @@ CHANGES = {
     "then both buffers hold newer frames, so every stored stack alternates the two newest frames (and with n = 10, "
     "next_state is state). ReplayBuffer.add is given a copy of the transition's observation (the TF buffer that "
     "labs/moes used at its import copies each observation when it is added)",
+    "noise_factorised": "dopamine/jax/networks.py: NoisyNetwork forms the noisy weight w_mu + w_sigma * (f(p) f(q)^T) "
+    "and multiplies by it; the agent's online pass runs under vmap with a key per sample, so every sample's weight "
+    "(7,744 x 512 in the baseline's layer) is built, and its gradient too: most of the update's time. The same "
+    "product is computed as x w_mu + ((x * f(p)) w_sigma) * f(q), which is equal in exact arithmetic, draws the same "
+    "noise from the same keys and builds no weight per sample (test_noise_factorised.py: outputs and gradients equal "
+    "to float32 rounding); the eval-mode branch (zero noise) is unchanged",
     "driver": "labs/moes/atari_100k_train.py keeps an internal-only import; train.py does what its main() does "
     "(gin configs, the agent factory with seed = run number, DataEfficientAtariRunner, run_experiment) and seeds "
     "tf and numpy with the run number as it does",
@@ -119,12 +125,31 @@ def noise_off(source: str) -> str:
     return source.replace(branch, "    if True:  # lockstep.py: noise off\n      # Turn off noise during evaluation")
 
 
+def noise_factorised(source: str) -> str:
+    """dopamine/jax/networks.py: the noisy layer's product without a weight per sample (CHANGES)."""
+    product = "    w = w_mu + jnp.multiply(w_sigma, w_epsilon)\n    ret = jnp.matmul(x, w)\n"
+    if source.count(product) != 1:
+        raise SystemExit("error: this dopamine checkout's jax/networks.py differs from the one at " + COMMIT)
+    return source.replace(
+        product,
+        "    if self.eval_mode:\n"
+        "      ret = jnp.matmul(x, w_mu + jnp.multiply(w_sigma, w_epsilon))\n"
+        "    else:  # results/reference_training: x (w_mu + w_sigma * f_p f_q) without forming the weight\n"
+        "      ret = jnp.matmul(x, w_mu) + jnp.multiply(jnp.matmul(jnp.multiply(x, f_p[:, 0]), w_sigma), f_q[0])\n",
+    )
+
+
 def load(
-    dopamine_dir: str, without_noise: bool = False, replay_as_shipped: bool = False, aliasing_as_shipped: bool = False
+    dopamine_dir: str,
+    without_noise: bool = False,
+    replay_as_shipped: bool = False,
+    aliasing_as_shipped: bool = False,
+    noise_as_shipped: bool = False,
 ) -> types.SimpleNamespace:
     """The reference's modules, changed as CHANGES says; `without_noise` (lockstep.py) also zeroes every NoisyNet's
-    noise; `replay_as_shipped` leaves the replay scheme uniform, as this commit runs it; `aliasing_as_shipped` leaves
-    the replay holding views of the runner's two observation buffers (observation_copy)."""
+    noise (its noisy layers then run as shipped); `replay_as_shipped` leaves the replay scheme uniform, as this commit
+    runs it; `aliasing_as_shipped` leaves the replay holding views of the runner's two observation buffers
+    (observation_copy); `noise_as_shipped` builds every noisy weight (noise_factorised)."""
     if not os.path.isfile(
         os.path.join(dopamine_dir, "dopamine", "labs", "moes", "agents", "rainbow_100k_moe_agent.py")
     ):
@@ -145,6 +170,8 @@ def load(
     atari_lib = exec_module("dopamine.discrete_domains.atari_lib", drop_orphan_block)
     if without_noise:
         exec_module("dopamine.jax.networks", noise_off)
+    elif not noise_as_shipped:
+        exec_module("dopamine.jax.networks", noise_factorised)
     if not replay_as_shipped:
         exec_module("dopamine.jax.agents.dqn.dqn_agent", keep_replay_scheme)
     moe_networks = exec_module("dopamine.labs.moes.architectures.networks", add_baseline_hidden)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The reference's own training on Breakout, seed 1, both arms (labs/moes DER.gin: Soft MoE with 4 experts, and its
-# BASELINE), one process per arm on one core each (XLA's multi-threaded Eigen off: 2.7 s against 3.0-3.3 s an update
-# on two threads, README), resumable: the runner checkpoints after every 2,000-step iteration (DER.gin's evaluations
-# kept at every 10,000 steps) into the arm's work/dopamine_Breakout_<arm>_s1/checkpoints and restarts from the latest.
+# BASELINE), one process per arm on one core each (XLA's multi-threaded Eigen off: two threads were 10-20% slower,
+# README), with the changes of dopamine_reference.CHANGES (noise_factorised: ~0.3 s an update), resumable: the runner
+# checkpoints after every 2,000-step iteration (DER.gin's evaluations kept at every 10,000 steps) into the arm's
+# work/dopamine_Breakout_<arm>_s1/checkpoints and restarts from the latest.
 #
 #   DOPAMINE=../dopamine bash results/reference_training/run_reference.sh softmoe   # or baseline
 #
