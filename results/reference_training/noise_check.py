@@ -41,7 +41,7 @@ def layer_check(ref_networks, shapes=((7744,), (64, 64)), features=512, batch=32
         g = rng.normal(size=(batch, *shape[:-1], features)).astype(np.float32)  # dL/dy: L = sum(y * g)
         keys = jax.random.split(jax.random.PRNGKey(1), batch)
         params = ref_networks.NoisyNetwork(rng_key=keys[0]).init(jax.random.PRNGKey(2), x[0], features)
-        params = jax.tree_util.tree_map(lambda p: p + 0.05 * rng.normal(size=p.shape).astype(np.float32), params)
+        params = jax.tree_util.tree_map(lambda p, r=rng: p + 0.05 * r.normal(size=p.shape).astype(np.float32), params)
 
         def loss(params, x, key, g):
             return jnp.sum(ref_networks.NoisyNetwork(rng_key=key).apply(params, x, features) * g)
