@@ -341,6 +341,7 @@ class Rate:
 
 GPU_SPEED = "results/gpu_speed/README.md"  # Breakout, 10,000-step runs, learning from step 1,000, a 10,000 buffer
 A100K = "results/atari100k_cpu/README.md"
+A100K_26 = "results/atari100k_26games/README.md"
 FREEZE = "results/softmoe_100k_freeze/README.md"
 TETRIS_PAPER = "results/tetris_table1_paper/README.md"
 RATES = {
@@ -391,10 +392,12 @@ RATES = {
                                      "(27.4 and 27.0), early in a run"),
     "core-drq-eps-nature-softmoe4": Rate(15.0, "agent steps", "core", ("drq-eps", "nature", "softmoe-e4", 1.0, ""),
                                          A100K, "Runs table: drq-eps_Breakout_softmoe_s2, side by side, one thread"),
-    "core-der-nature-none": Rate(13.7, "agent steps", "core", ("der", "nature", "none", 1.0, ""), A100K,
-                                 "Threads: DER Boxing baseline, one thread beside a Soft MoE run, early in a run"),
-    "core-der-nature-softmoe4": Rate(6.8, "agent steps", "core", ("der", "nature", "softmoe-e4", 1.0, ""), A100K,
-                                     "Threads: DER Boxing Soft MoE, one thread beside the baseline, early in a run"),
+    "core-der-nature-none": Rate(3.91, "agent steps", "core", ("der", "nature", "none", 1.0, ""), A100K_26,
+                                 "Cost here: one update and one acting pass a step, one thread, while learning "
+                                 "(13.7 early in a run on an earlier CPU, results/atari100k_cpu)"),
+    "core-der-nature-softmoe4": Rate(3.06, "agent steps", "core", ("der", "nature", "softmoe-e4", 1.0, ""),
+                                     A100K_26, "Cost here: one update and one acting pass a step, one thread, while "
+                                     "learning (6.8 early in a run on an earlier CPU, results/atari100k_cpu)"),
     "core-cql-nature-none": Rate(5.2, "gradient steps", "core", ("cql", "nature", "none"), "results/cql_cpu/README.md",
                                  "Speed: the baseline on one thread shared with two other runs"),
     "core-cql-nature-softmoe": Rate(3.0, "gradient steps", "core", ("cql", "nature", "softmoe-e8"),

@@ -11,11 +11,12 @@
 #   ONLY='_Breakout_' bash results/atari100k_26games/queue.sh 0 1  # only the runs whose name matches a regex
 #   CODE=<commit> bash ...                                         # run the code of that commit (default: HEAD)
 #
-# Job i (of those ONLY selects) belongs to worker i % NUM_WORKERS. The code runs from a git worktree of one commit
+# Job i (of those ONLY selects) belongs to worker (i + i / NUM_WORKERS) % NUM_WORKERS, so that with two workers the
+# baseline and Soft MoE runs alternate between them (a Soft MoE run takes ~1.3x a baseline's). The code runs from a git worktree of one commit
 # (work/code-<commit>), so edits to the checkout never reach a run in progress; each segment's summary.json records its
 # commit. Resumable: a run whose results/ copy exists is complete and skipped; a run with a checkpoint goes on from it
 # (replay memory and priorities included). Working files (checkpoints, replay memories: ~0.7 GB per run, snapshots)
-# stay in work/ (git-ignored); a run lost with the machine costs one run (~3.5 h), so nothing is packed.
+# stay in work/ (git-ignored); a run lost with the machine costs one run (7-9 h of a core here), so nothing is packed.
 # A finished run's summary, episodes, learning curve, log, tensorboard scalars of all its segments (scalars.csv) and
 # the routing statistics of its snapshots (analysis.csv, benchmark/moe_analysis.py) land in results/atari100k_26games/
 # <run>/ and are committed on their own (`git commit -- <that folder>`). The snapshots of Breakout seed 1 are kept in
@@ -85,7 +86,7 @@ commit_results() {  # commit_results NAME MESSAGE: that folder alone, retried wh
 
 cd "$WORK"
 for i in "${!jobs[@]}"; do
-  [ $((i % workers)) = "$worker" ] || continue
+  [ $(((i + i / workers) % workers)) = "$worker" ] || continue
   read -r game moe seed <<<"${jobs[$i]}"
   name="der_${game}_${moe}_s${seed}"
   complete "$name" && continue

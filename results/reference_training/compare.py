@@ -13,7 +13,11 @@ against ours (results/atari100k_26games/queue.sh's Breakout seed 1), one arm at 
    reference's parameters copied into our network by benchmark/compare_with_dopamine.py's weight copy, noise off);
    and Phi's gradient scale against Adam's eps (1.5e-4): the reference's sqrt of Adam's bias-corrected second moment
    of Phi (its mean over Phi), ours the mean of losses/phi_grad_rms over the 2,000 steps before S10.
-3. The verdict by the README's rule. Writes compare_<arm>.json beside this file.
+3. The verdict by the README's rule. Writes compare_<arm>.json beside this file, and the arm's two rows of runs.csv
+   (one per code, at S; the other arm's rows are kept): training return over the last 100 episodes by S, the mean
+   evaluation return at S if that code evaluated there, and steps/s over the run's wall time (the reference's: from
+   its first to its last checkpoint's file time, evaluations included; ours: agent steps over the summed wall time of
+   its segments, which shared the two cores with the other runs).
 """
 
 import argparse
@@ -23,6 +27,7 @@ import json
 import os
 import pickle
 import re
+import subprocess
 import sys
 
 import numpy as np
@@ -92,6 +97,50 @@ def curve(episodes: list[tuple[int, float]], upto: int) -> dict:
         "last_100_mean": float(np.mean(last)) if last else None,
         "last_100_episodes": len(last),
     }
+
+
+COLUMNS = ["code", "game", "arm", "seed", "agent_steps", "train_return_last_100", "eval_mean_return",
+           "steps_per_second", "commit"]  # fmt: skip
+
+
+def reference_speed(reference_dir: str, iteration_steps: int, upto: int) -> float | None:
+    """Agent steps per second between the reference's first and last checkpoint up to `upto` (file times)."""
+    times = {}
+    for path in glob.glob(os.path.join(reference_dir, "checkpoints", "*ckpt.*")):
+        step = (int(path.rsplit(".", 1)[1]) + 1) * iteration_steps
+        if step <= upto:
+            times[step] = min(times.get(step, float("inf")), os.path.getmtime(path))
+    if len(times) < 2:
+        return None
+    first, last = min(times), max(times)
+    return (last - first) / (times[last] - times[first]) if times[last] > times[first] else None
+
+
+def our_speed_and_commit(moe: str) -> tuple[float | None, str]:
+    """Agent steps over the summed wall time of the run's segments (each segment's summary.json), and their commit."""
+    steps = seconds = 0.0
+    commit, newest = "", -1
+    for path in glob.glob(os.path.join(OURS, f"Breakout__der_Breakout_{moe}_s1__*", "summary.json")):
+        with open(path) as f:
+            summary = json.load(f)
+        steps += summary["global_step"] - summary["start_step"]
+        seconds += summary["wall_time"]
+        if summary["global_step"] > newest:  # the commit of the segment that reached furthest
+            commit, newest = summary["code"]["commit"][:7], summary["global_step"]
+    return (steps / seconds if seconds else None), commit
+
+
+def write_runs(rows: list[dict]) -> None:
+    """runs.csv: these rows replace any of the same code and arm."""
+    path = os.path.join(HERE, "runs.csv")
+    kept = []
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = [r for r in csv.DictReader(f) if (r["code"], r["arm"]) not in {(x["code"], x["arm"]) for x in rows}]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(sorted(kept + rows, key=lambda r: (r["arm"], r["code"])))
 
 
 def routing(step: int, snapshot_path: str, checkpoint_path: str, dopamine_dir: str) -> dict:
@@ -179,6 +228,27 @@ def main():
         result["routing_verdict"] = "the reference's routing freezes too" if frozen else "it differs, here"
     with open(os.path.join(HERE, f"compare_{cli.arm}.json"), "w") as f:
         json.dump(result, f, indent=1)
+    head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout
+    ours_speed, ours_commit = our_speed_and_commit(moe)
+    evaluations = dict(result["dopamine_evaluations"])
+    common = {"game": "Breakout", "arm": cli.arm, "seed": 1, "agent_steps": S}
+    reference_row = {
+        "code": "dopamine",
+        **common,
+        "train_return_last_100": result["curves"]["dopamine"]["last_100_mean"],
+        "eval_mean_return": evaluations.get(S, ""),
+        "steps_per_second": reference_speed(reference_dir, cli.iteration_steps, S),
+        "commit": f"5873f54+{head.strip()}",  # Dopamine's commit + this project's (dopamine_reference.CHANGES)
+    }
+    ours_row = {
+        "code": "ours",
+        **common,
+        "train_return_last_100": result["curves"]["ours"]["last_100_mean"],
+        "eval_mean_return": "",  # DER's protocol evaluates at 100k
+        "steps_per_second": ours_speed,
+        "commit": ours_commit,
+    }
+    write_runs([reference_row, ours_row])
     c = result["curves"]
     line = f"{cli.arm} at the reference's step {S:,}: last 100 training episodes: dopamine "
     line += f"{c['dopamine']['last_100_mean']} ({c['dopamine']['last_100_episodes']} episodes), ours "
