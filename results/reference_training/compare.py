@@ -13,11 +13,11 @@ against ours (results/atari100k_26games/queue.sh's Breakout seed 1), one arm at 
    reference's parameters copied into our network by benchmark/compare_with_dopamine.py's weight copy, noise off);
    and Phi's gradient scale against Adam's eps (1.5e-4): the reference's sqrt of Adam's bias-corrected second moment
    of Phi (its mean over Phi), ours the mean of losses/phi_grad_rms over the 2,000 steps before S10.
-3. The verdict by the README's rule. Writes compare_<arm>.json beside this file, and the arm's two rows of runs.csv
-   (one per code, at S; the other arm's rows are kept): training return over the last 100 episodes by S, the mean
-   evaluation return at S if that code evaluated there, and steps/s over the run's wall time (the reference's: from
-   its first to its last checkpoint's file time, evaluations included; ours: agent steps over the summed wall time of
-   its segments, which shared the two cores with the other runs).
+3. The verdict by the README's rule. Writes compare_<arm>.json and curves_<arm>.png (1's curves) beside this file,
+   and the arm's two rows of runs.csv (one per code, at S; the other arm's rows are kept): training return over the
+   last 100 episodes by S, the mean evaluation return at S if that code evaluated there, and steps/s over the run's
+   wall time (the reference's: from its first to its last checkpoint's file time, evaluations included; ours: agent
+   steps over the summed wall time of its segments, which shared the two cores with the other runs).
 """
 
 import argparse
@@ -130,6 +130,29 @@ def our_speed_and_commit(moe: str) -> tuple[float | None, str]:
     return (steps / seconds if seconds else None), commit
 
 
+def plot_curves(result: dict, path: str) -> None:
+    """Both codes' training return per 2,000 steps up to S, and the reference's evaluations."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for code, label in (("dopamine", "reference (Dopamine labs/moes)"), ("ours", "ours (rainbow_softmoe.py)")):
+        blocks = result["curves"][code]["per_2000_steps"]
+        ax.plot(list(blocks), list(blocks.values()), marker="o", label=f"{label}, training")
+    if result["dopamine_evaluations"]:
+        steps, returns = zip(*result["dopamine_evaluations"], strict=True)
+        ax.plot(steps, returns, "k^", label="reference, evaluation (100 episodes)")
+    ax.set_xlabel("agent steps")
+    ax.set_ylabel("return per game (mean over 2,000 steps)")
+    ax.set_title(f"Breakout, DER.gin network, {result['arm']}, seed 1, to step {result['reference_steps']:,}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def write_runs(rows: list[dict]) -> None:
     """runs.csv: these rows replace any of the same code and arm."""
     path = os.path.join(HERE, "runs.csv")
@@ -228,6 +251,7 @@ def main():
         result["routing_verdict"] = "the reference's routing freezes too" if frozen else "it differs, here"
     with open(os.path.join(HERE, f"compare_{cli.arm}.json"), "w") as f:
         json.dump(result, f, indent=1)
+    plot_curves(result, os.path.join(HERE, f"curves_{cli.arm}.png"))
     head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout
     ours_speed, ours_commit = our_speed_and_commit(moe)
     evaluations = dict(result["dopamine_evaluations"])
