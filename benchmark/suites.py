@@ -392,12 +392,12 @@ RATES = {
                                      "(27.4 and 27.0), early in a run"),
     "core-drq-eps-nature-softmoe4": Rate(15.0, "agent steps", "core", ("drq-eps", "nature", "softmoe-e4", 1.0, ""),
                                          A100K, "Runs table: drq-eps_Breakout_softmoe_s2, side by side, one thread"),
-    "core-der-nature-none": Rate(3.91, "agent steps", "core", ("der", "nature", "none", 1.0, ""), A100K_26,
-                                 "Cost here: one update and one acting pass a step, one thread, while learning "
+    "core-der-nature-none": Rate(4.05, "agent steps", "core", ("der", "nature", "none", 1.0, ""), A100K_26,
+                                 "Cost here: one update and one acting pass a step, one pinned core, while learning "
                                  "(13.7 early in a run on an earlier CPU, results/atari100k_cpu)"),
-    "core-der-nature-softmoe4": Rate(3.06, "agent steps", "core", ("der", "nature", "softmoe-e4", 1.0, ""),
-                                     A100K_26, "Cost here: one update and one acting pass a step, one thread, while "
-                                     "learning (6.8 early in a run on an earlier CPU, results/atari100k_cpu)"),
+    "core-der-nature-softmoe4": Rate(2.77, "agent steps", "core", ("der", "nature", "softmoe-e4", 1.0, ""),
+                                     A100K_26, "Cost here: one update and one acting pass a step, one pinned core, "
+                                     "while learning (6.8 early in a run on an earlier CPU, results/atari100k_cpu)"),
     "core-cql-nature-none": Rate(5.2, "gradient steps", "core", ("cql", "nature", "none"), "results/cql_cpu/README.md",
                                  "Speed: the baseline on one thread shared with two other runs"),
     "core-cql-nature-softmoe": Rate(3.0, "gradient steps", "core", ("cql", "nature", "softmoe-e8"),

@@ -2,7 +2,7 @@
 x w_mu + ((x * f(p)) w_sigma) * f(q) gives what the shipped x (w_mu + w_sigma * f(p) f(q)^T) gives, to float32
 rounding, and how much faster the agent's update runs with it.
 
-    XLA_FLAGS=--xla_cpu_multi_thread_eigen=false .refvenv/bin/python -W ignore \\
+    XLA_FLAGS=--xla_cpu_multi_thread_eigen=false taskset -c 0 .refvenv/bin/python -W ignore \\
         results/reference_training/noise_check.py --dopamine-dir ../dopamine
 
 1. The layer, under vmap with one key per sample as the agent's online pass runs it, at the baseline's shape

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The reference's own training on Breakout, seed 1, both arms (labs/moes DER.gin: Soft MoE with 4 experts, and its
-# BASELINE), one process per arm on one core each (XLA's multi-threaded Eigen off: two threads were 10-20% slower,
-# README), with the changes of dopamine_reference.CHANGES (noise_factorised: ~0.3 s an update), resumable: the runner
+# BASELINE), one process per arm pinned to a core of its own (CORE, default 0 for softmoe and 1 for baseline: XLA
+# spreads an update over every core it may use, so two unpinned runs contend; its multi-threaded Eigen is off), with
+# the changes of dopamine_reference.CHANGES (noise_factorised: ~0.3 s an update), resumable: the runner
 # checkpoints after every 2,000-step iteration (DER.gin's evaluations kept at every 10,000 steps) into the arm's
 # work/dopamine_Breakout_<arm>_s1/checkpoints and restarts from the latest.
 #
@@ -11,10 +12,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 arm=${1:?usage: run_reference.sh softmoe|baseline}
-case "$arm" in softmoe) moe=SOFTMOE ;; baseline) moe=BASELINE ;; *) echo "unknown arm $arm"; exit 1 ;; esac
+case "$arm" in softmoe) moe=SOFTMOE core=0 ;; baseline) moe=BASELINE core=1 ;; *) echo "unknown arm $arm"; exit 1 ;; esac
 base=results/reference_training/work/dopamine_Breakout_${arm}_s1
 mkdir -p "$base"
 export XLA_FLAGS="--xla_cpu_multi_thread_eigen=false" OMP_NUM_THREADS=1
-exec .refvenv/bin/python -W ignore results/reference_training/train.py --dopamine-dir "${DOPAMINE:?set DOPAMINE to a dopamine checkout}" \
+exec taskset -c "${CORE:-$core}" .refvenv/bin/python -W ignore results/reference_training/train.py --dopamine-dir "${DOPAMINE:?set DOPAMINE to a dopamine checkout}" \
   --game Breakout --moe-type "$moe" --seed 1 --base-dir "$base" --iteration-steps 2000 --num-iterations 50 \
   --eval-every 5 >>"$base/train_log.txt" 2>&1

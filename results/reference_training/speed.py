@@ -2,8 +2,10 @@
 network, in one process, one after the other, each on one thread (XLA's multi-threaded Eigen off, torch one thread):
 the speed row of README.md, measured in one sitting.
 
-    XLA_FLAGS=--xla_cpu_multi_thread_eigen=false .refvenv/bin/python -W ignore \\
+    XLA_FLAGS=--xla_cpu_multi_thread_eigen=false taskset -c 0 .refvenv/bin/python -W ignore \\
         results/reference_training/speed.py --dopamine-dir ../dopamine [--updates 20]
+
+taskset pins both codes to one core: XLA spreads an update over every core it may use.
 
 Both learn from 32-transition minibatches of random frames (the update's cost does not depend on the pixels); the
 reference samples from its own replay, ours from FrameReplay. Prints and writes speed.json beside this file.
