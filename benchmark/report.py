@@ -26,7 +26,6 @@ curves; performance profiles; the expert-count scaling of Fig. 1) go beside the 
 import argparse
 import collections
 import csv
-import glob
 import json
 import os
 import re
@@ -59,14 +58,34 @@ def tetris_eval_args(s, path) -> dict:
     return {"exp_name": "", "env_id": "envs/SZTetris-v0" if sz else ""}
 
 
+def files_under(d: str, names: tuple) -> list:
+    """Every file named one of `names` under folder d (or d itself if it is such a file), sorted, leaving out any
+    folder below d that is a checkout of its own (holds a .git: the git worktrees a results queue runs its code from
+    hold a copy of every results folder)."""
+    if os.path.isfile(d):
+        return [d] if os.path.basename(d) in names else []
+    found, visited = [], set()
+    for here, folders, files in os.walk(d, followlinks=True):  # as glob's "**": hidden folders skipped, links followed
+        visited.add(os.path.realpath(here))
+        folders[:] = sorted(
+            f
+            for f in folders
+            if not f.startswith(".")
+            and not os.path.exists(os.path.join(here, f, ".git"))
+            and os.path.realpath(os.path.join(here, f)) not in visited
+        )
+        found += [os.path.join(here, f) for f in files if f in names]
+    return sorted(found)
+
+
 def find_summaries(dirs, unreadable=None):
     """Every summary.json / eval_summary.json under dirs, each loaded with '_path' (and '_root', the folder it was
     found under) set; an unreadable file is skipped, and its path and why appended to `unreadable` where given."""
     out, seen = [], set()
     for d in dirs:
-        for path in sorted(glob.glob(os.path.join(d, "**", "*summary.json"), recursive=True)):
+        for path in files_under(d, ("summary.json", "eval_summary.json")):
             real = os.path.realpath(path)
-            if real in seen or os.path.basename(path) not in ("summary.json", "eval_summary.json"):
+            if real in seen:
                 continue
             seen.add(real)
             try:
@@ -91,7 +110,7 @@ def find_table1(dirs, unreadable=None):
     one (or one not in settle.py's schema) is appended to `unreadable` where given."""
     out, seen = [], set()
     for d in dirs:
-        for path in sorted(glob.glob(os.path.join(d, "**", "table1.json"), recursive=True)):
+        for path in files_under(d, ("table1.json",)):
             if os.path.realpath(path) in seen:
                 continue
             seen.add(os.path.realpath(path))

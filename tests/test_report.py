@@ -501,3 +501,20 @@ def test_suite_status_takes_neither_an_evaluation_nor_a_run_of_another_budget_fo
     write_run(root, "smoke", {"args": args, "game": "Breakout", "complete": True})
     text = report.task_status("atari-table3", report.find_summaries([root]))
     assert "| Breakout | silu-dsilu | 1 | complete | runs/smoke |" in text
+
+
+def test_a_checkout_inside_a_results_folder_is_not_read(tmp_path):
+    """A results queue runs its code from git worktrees under its work/ folder; each is a copy of the repository,
+    results included, and the report must read the experiment's own runs once, not the copies'."""
+    root = str(tmp_path / "results" / "experiment")
+    write_run(root, "run_s1", dqn_summary("x.dqn-softmoe-e8", "Pong", 1, 0.5))
+    copy = os.path.join(root, "work", "code-abc123")
+    write_run(os.path.join(copy, "results", "experiment"), "run_s1", dqn_summary("x.dqn-softmoe-e8", "Pong", 1, 0.5))
+    with open(os.path.join(copy, "results", "experiment", "table1.json"), "w") as f:
+        json.dump(table1_json(10), f)
+    assert len(report.find_summaries([str(tmp_path)])) == 2  # a plain folder: both read
+    with open(os.path.join(copy, ".git"), "w") as f:
+        f.write("gitdir: /elsewhere/.git/worktrees/code-abc123\n")  # what `git worktree add` writes
+    (run,) = report.find_summaries([str(tmp_path)])
+    assert run["_path"] == os.path.join(root, "run_s1", "summary.json")
+    assert report.find_table1([str(tmp_path)]) == []
