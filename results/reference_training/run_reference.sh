@@ -2,8 +2,8 @@
 # The reference's own training on Breakout, seed 1, both arms (labs/moes DER.gin: Soft MoE with 4 experts, and its
 # BASELINE), one process per arm pinned to a core of its own (CORE, default 0 for softmoe and 1 for baseline: XLA
 # spreads an update over every core it may use, so two unpinned runs contend; its multi-threaded Eigen is off), with
-# the changes of dopamine_reference.CHANGES (noise_factorised: ~0.3 s an update), resumable: the runner
-# checkpoints after every 2,000-step iteration (DER.gin's evaluations kept at every 10,000 steps) into the arm's
+# the changes of dopamine_reference.CHANGES (noise_factorised: 0.3-0.5 s an update), resumable: the runner
+# checkpoints after every 2,000-step iteration (the evaluation at 100k only: README) into the arm's
 # work/dopamine_Breakout_<arm>_s1/checkpoints and restarts from the latest.
 #
 #   DOPAMINE=../dopamine bash results/reference_training/run_reference.sh softmoe   # or baseline
@@ -18,4 +18,4 @@ mkdir -p "$base"
 export XLA_FLAGS="--xla_cpu_multi_thread_eigen=false" OMP_NUM_THREADS=1
 exec taskset -c "${CORE:-$core}" .refvenv/bin/python -W ignore results/reference_training/train.py --dopamine-dir "${DOPAMINE:?set DOPAMINE to a dopamine checkout}" \
   --game Breakout --moe-type "$moe" --seed 1 --base-dir "$base" --iteration-steps 2000 --num-iterations 50 \
-  --eval-every 5 >>"$base/train_log.txt" 2>&1
+  --eval-every 50 >>"$base/train_log.txt" 2>&1
