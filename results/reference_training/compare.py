@@ -140,7 +140,8 @@ def plot_curves(result: dict, path: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for code, label in (("dopamine", "reference (Dopamine labs/moes)"), ("ours", "ours (rainbow_softmoe.py)")):
         blocks = result["curves"][code]["per_2000_steps"]
-        ax.plot(list(blocks), list(blocks.values()), marker="o", label=f"{label}, training")
+        note = "" if blocks else f": no game ended by step {result['reference_steps']:,}"
+        ax.plot(list(blocks), list(blocks.values()), marker="o", label=f"{label}, training{note}")
     if result["dopamine_evaluations"]:
         steps, returns = zip(*result["dopamine_evaluations"], strict=True)
         ax.plot(steps, returns, "k^", label="reference, evaluation (100 episodes)")
