@@ -4,7 +4,7 @@ against ours (results/atari100k_26games/queue.sh's Breakout seed 1), one arm at 
     .refvenv/bin/python -W ignore results/reference_training/compare.py --arm softmoe --dopamine-dir ../dopamine
 
 1. Curves: each code's training return per 2,000 agent steps (the mean of the episodes that end in the block) up to
-   S, the last 100 episodes that end by S (or all, if fewer), and the reference's evaluations (every 10,000 steps).
+   S, the last 100 episodes that end by S (or all, if fewer), and the reference's evaluations up to S.
    The reference's episodes come from its log ("Steps executed: ..." within each iteration's training phase,
    iteration i starting at step i x --iteration-steps); ours from the newest segment's episodes.csv.
 2. Routing (Soft MoE) at S10, the last multiple of 10,000 steps that both have (the reference's checkpoint of that
@@ -58,8 +58,13 @@ def reference_episodes(log_path: str, iteration_steps: int) -> tuple[list[tuple[
     return episodes, evaluations
 
 
+def our_segments(moe: str) -> list[str]:
+    """Every segment (run folder) of our Breakout seed-1 run of that arm: queue.sh's resumes each write a new one."""
+    return glob.glob(os.path.join(OURS, f"Breakout__der_Breakout_{moe}_s1__*"))
+
+
 def our_run(moe: str) -> str:
-    segments = glob.glob(os.path.join(OURS, f"Breakout__der_Breakout_{moe}_s1__*"))
+    segments = our_segments(moe)
     if not segments:
         raise SystemExit(f"error: no run of ours in {OURS} for --moe {moe}")
     return max(segments, key=lambda d: os.path.getmtime(os.path.join(d, "episodes.csv")))
@@ -67,10 +72,11 @@ def our_run(moe: str) -> str:
 
 def our_snapshot(moe: str, step: int) -> str | None:
     """Our snapshot of that step, in whichever segment of the run wrote it."""
-    found = glob.glob(
-        os.path.join(OURS, f"Breakout__der_Breakout_{moe}_s1__*", "snapshots", f"rainbow_softmoe_{step}.pt")
-    )
-    return found[0] if found else None
+    for run in our_segments(moe):
+        path = os.path.join(run, "snapshots", f"rainbow_softmoe_{step}.pt")
+        if os.path.exists(path):
+            return path
+    return None
 
 
 def reference_checkpoint(reference_dir: str, step: int, iteration_steps: int) -> str | None:
@@ -120,8 +126,8 @@ def our_speed_and_commit(moe: str) -> tuple[float | None, str]:
     """Agent steps over the summed wall time of the run's segments (each segment's summary.json), and their commit."""
     steps = seconds = 0.0
     commit, newest = "", -1
-    for path in glob.glob(os.path.join(OURS, f"Breakout__der_Breakout_{moe}_s1__*", "summary.json")):
-        with open(path) as f:
+    for run in our_segments(moe):
+        with open(os.path.join(run, "summary.json")) as f:
             summary = json.load(f)
         steps += summary["global_step"] - summary["start_step"]
         seconds += summary["wall_time"]
@@ -197,8 +203,7 @@ def routing(step: int, snapshot_path: str, checkpoint_path: str, dopamine_dir: s
     nu = cw.flatten({"params": adam.nu["params"]})["SoftMoE_0/phi_weights"]
     bias = 1 - 0.999 ** int(adam.count)  # optax.adam's b2
     out["dopamine"]["phi_grad_scale"] = float(np.sqrt(np.asarray(nu) / bias).mean())
-    segments = glob.glob(os.path.join(OURS, "Breakout__der_Breakout_softmoe_s1__*"))  # every segment's events
-    scalars = read_scalars(segments)
+    scalars = read_scalars(our_segments("softmoe"))  # every segment's events
     recent = [v for (tag, s), v in scalars.items() if tag == "losses/phi_grad_rms" and step - BLOCK < s <= step]
     out["ours"]["phi_grad_scale"] = float(np.mean(recent)) if recent else None
     return out

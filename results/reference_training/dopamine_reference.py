@@ -49,7 +49,7 @@ CHANGES = {
     "and multiplies by it; the agent's online pass runs under vmap with a key per sample, so every sample's weight "
     "(7,744 x 512 in the baseline's layer) is built, and its gradient too: most of the update's time. The same "
     "product is computed as x w_mu + ((x * f(p)) w_sigma) * f(q), which is equal in exact arithmetic, draws the same "
-    "noise from the same keys and builds no weight per sample (test_noise_factorised.py: outputs and gradients equal "
+    "noise from the same keys and builds no weight per sample (noise_check.py: outputs and gradients equal "
     "to float32 rounding); the eval-mode branch (zero noise) is unchanged",
     "driver": "labs/moes/atari_100k_train.py keeps an internal-only import; train.py does what its main() does "
     "(gin configs, the agent factory with seed = run number, DataEfficientAtariRunner, run_experiment) and seeds "

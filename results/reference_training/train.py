@@ -8,9 +8,10 @@ would, with the changes of dopamine_reference.CHANGES.
 The runner checkpoints after every iteration (DER.gin: 10,000 agent steps and 100 evaluation episodes) into
 <base-dir>/checkpoints and resumes from the latest one when started again on the same --base-dir. --iteration-steps
 2000 --num-iterations 50 --eval-every 5 trains the same 100,000 steps (to within a step a phase) and evaluates at the
-same steps, checkpointing every 2,000 (run_reference.sh does so: a 10,000-step iteration takes about an hour here,
-8-16 hours with the noisy layer as shipped). Its per-iteration statistics go to <base-dir>/logs (Dopamine's logger)
-and its tensorboard events to <base-dir>/metrics and <base-dir>.
+same steps, checkpointing every 2,000; run_reference.sh runs that with --eval-every 50, the evaluation at 100k only (a
+10,000-step iteration takes 1.1-1.8 hours here, 8-16 hours with the noisy layer as shipped; README). Its
+per-iteration statistics go to <base-dir>/logs (Dopamine's logger) and its tensorboard events to <base-dir>/metrics
+and <base-dir>.
 """
 
 from __future__ import annotations
