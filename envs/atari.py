@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import functools
 import os
 import re
 from collections.abc import Callable
@@ -57,6 +58,7 @@ def make_env(protocol: str, rom: str, num_envs: int, max_episode_frames: int):
     )
 
 
+@functools.cache  # loading a ROM takes ~0.4 s; a game's action set never changes
 def num_game_actions(rom: str) -> int:
     """The game's minimal action set (what ale_py's vector env acts with), known before any env is made."""
     ale = ale_py.ALEInterface()

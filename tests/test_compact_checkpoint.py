@@ -26,11 +26,11 @@ def replay_of(checkpoint: str) -> dict:
         return {k: data[k] for k in data.files}
 
 
-@pytest.mark.parametrize("preset", ["drq-eps", "full-rainbow"])
+@pytest.mark.parametrize("preset", [pytest.param("drq-eps", marks=pytest.mark.slow), "full-rainbow"])
 def test_an_unpacked_checkpoint_is_the_original_and_resumes_the_same(tmp_path, monkeypatch, preset):
     monkeypatch.chdir(tmp_path)
-    first = run(preset, total_timesteps=300)["checkpoint"]
-    second = run(preset, total_timesteps=600, resume=first)["checkpoint"]  # two segments: the emulator reset twice
+    first = run(preset, total_timesteps=400)["checkpoint"]
+    second = run(preset, total_timesteps=500, resume=first)["checkpoint"]  # two segments: the emulator reset twice
     cc.pack(second, "packed")
     assert not any("frames" in name for name in np.load("packed/replay.npz").files)
     cc.unpack("packed", "restored/rainbow_softmoe.pt")
@@ -39,14 +39,14 @@ def test_an_unpacked_checkpoint_is_the_original_and_resumes_the_same(tmp_path, m
     for name in original:
         np.testing.assert_array_equal(original[name], restored[name], err_msg=name)
     ckpt, back = (torch.load(f, map_location="cpu", weights_only=True) for f in (second, "restored/rainbow_softmoe.pt"))
-    assert original["pointers"][1] > 600 and len(ckpt["episodes"]) >= 1  # no-op starts and reset steps are rows too
+    assert original["pointers"][1] > 500 and len(ckpt["episodes"]) >= 1  # no-op starts and reset steps are rows too
     assert back["segment_starts"][0] == 0 and len(back["segment_starts"]) == 2
     for key in ("q_net", "target_net"):
         assert all(torch.equal(v, back[key][k]) for k, v in ckpt[key].items())
     assert back["numpy_rng"] == ckpt["numpy_rng"] and torch.equal(back["torch_rng"], ckpt["torch_rng"])
     assert back["episodes"] == ckpt["episodes"] and back["updates"] == ckpt["updates"]
-    a = run(preset, total_timesteps=700, resume=second)["checkpoint"]
-    b = run(preset, total_timesteps=700, resume="restored/rainbow_softmoe.pt")["checkpoint"]
+    a = run(preset, total_timesteps=530, resume=second)["checkpoint"]
+    b = run(preset, total_timesteps=530, resume="restored/rainbow_softmoe.pt")["checkpoint"]
     cc.pack(b, "packed_again")  # the chain now runs through the unpacked checkpoint
     cc.unpack("packed_again", "restored_again/rainbow_softmoe.pt")
     again = torch.load("restored_again/rainbow_softmoe.pt", weights_only=True)

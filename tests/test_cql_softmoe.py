@@ -489,7 +489,7 @@ def breakout_dataset(tmp_path_factory):
     os.chdir(where)
     try:
         summary = dqn.main(dqn.Args(env_id="ALE/Breakout-v5", encoder="nature", moe="none", total_timesteps=500,
-                                    learning_starts=100, buffer_size=1000, save_model=True, checkpoint_replay=True,
+                                    learning_starts=500, buffer_size=1000, save_model=True, checkpoint_replay=True,
                                     log_every_seconds=1000.0, snapshot_every=0))  # fmt: skip
         ckpt = torch.load(summary["checkpoint"], weights_only=True)
         memory = np.load(os.path.join(os.path.dirname(summary["checkpoint"]), ckpt["replay"]))
@@ -503,12 +503,12 @@ def breakout_dataset(tmp_path_factory):
 def test_smoke_run_of_both_agents_on_a_dataset_from_a_real_game(tmp_path, monkeypatch, breakout_dataset, agent):
     monkeypatch.chdir(tmp_path)
     args = cql.agent_args(agent, env_id="ALE/Breakout-v5", dataset_dir=str(breakout_dataset), data_percent=100.0,
-                          encoder="nature", num_experts=2, expert_width=32, num_iterations=2, steps_per_iteration=12,
+                          encoder="nature", num_experts=2, expert_width=32, num_iterations=2, steps_per_iteration=4,
                           eval_steps=60, eval_envs=2, target_network_frequency=5, save_model=True,
                           log_every_seconds=1000.0)  # fmt: skip
     summary = cql.main(args)
     saved = json.loads((tmp_path / "runs" / summary["run_name"] / "summary.json").read_text())
-    assert saved["complete"] and saved["updates"] == 24 and [e["iteration"] for e in saved["evaluations"]] == [1, 2]
+    assert saved["complete"] and saved["updates"] == 8 and [e["iteration"] for e in saved["evaluations"]] == [1, 2]
     assert saved["dataset"]["transitions_sampled_from"] > 400 and saved["behaviour_policy"]["episodes"] >= 1
     assert saved["sampler_batches_per_second"] > saved["gradient_steps_per_second"]
     assert (tmp_path / "runs" / summary["run_name"] / "eval_curve.png").exists()
@@ -516,7 +516,7 @@ def test_smoke_run_of_both_agents_on_a_dataset_from_a_real_game(tmp_path, monkey
     ckpt = torch.load(summary["checkpoint"], weights_only=True)
     torch.save(ckpt | {"args": ckpt["args"] | {"truncation_is_terminal": False}}, summary["checkpoint"])
     resumed = cql.main(replace_args(args, resume=summary["checkpoint"], num_iterations=3))
-    assert resumed["updates"] == 36 and [e["iteration"] for e in resumed["evaluations"]] == [1, 2, 3]
+    assert resumed["updates"] == 12 and [e["iteration"] for e in resumed["evaluations"]] == [1, 2, 3]
     flipped = flip_bytes(summary["checkpoint"], tmp_path / "flipped.pt")  # 200 bytes of a weight: torch.load takes it
     with pytest.raises(SystemExit, match=r"is damaged \(.*/data/\d+ fails its CRC-32 check\); restore it from a copy"):
         cql.main(replace_args(args, resume=flipped, num_iterations=4))

@@ -657,6 +657,7 @@ def run(**kw):
     kw.setdefault("buffer_size", 2000)
     kw.setdefault("log_every_seconds", 1000.0)
     kw.setdefault("snapshot_every", 0)
+    kw.setdefault("batch_size", 8)  # quicker updates, the same code
     return dqn.main(dqn.Args(**kw))
 
 
@@ -674,9 +675,9 @@ SMOKE = [
     dict(moe="none", encoder="nature", width_multiplier=2, capture_video=True),
     dict(moe="softmoe", encoder="nature", random_phi=True, moe_normalize=True, expert_width=64, protocol="nature"),
     dict(moe="softmoe", encoder="impala", snapshot_every=250, learning_starts=260),
-    dict(moe="top1", encoder="impala", learning_starts=270),
-    dict(moe="none", encoder="impala", learning_starts=270),
-]
+    pytest.param(dict(moe="top1", encoder="impala", learning_starts=270), marks=pytest.mark.slow),
+    pytest.param(dict(moe="none", encoder="impala", learning_starts=270), marks=pytest.mark.slow),
+]  # the slow two: the Impala encoder and each head are in the default suite already
 
 
 @pytest.mark.parametrize("kw", SMOKE, ids=lambda kw: f"{kw['moe']}-{kw['encoder']}")
@@ -749,7 +750,7 @@ def test_learning_from_step_0_waits_for_a_whole_stack(tmp_path, monkeypatch, kw)
 def test_resume_with_the_replay_memory_learns_at_once_from_the_same_memory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     small = dict(moe="softmoe", encoder="nature", num_experts=2, expert_width=32)  # a small network: a quick test
-    first = run(**small, total_timesteps=300, learning_starts=150, save_model=True, checkpoint_replay=True)
+    first = run(**small, total_timesteps=300, learning_starts=270, save_model=True, checkpoint_replay=True)
     path = first["checkpoint"]
     ckpt = torch.load(path, weights_only=True)
     assert ckpt["replay"] == os.path.basename(dqn.replay_path(path, 300))
@@ -771,7 +772,7 @@ def test_resume_with_the_replay_memory_learns_at_once_from_the_same_memory(tmp_p
     assert all(np.array_equal(a[k], b[k]) for k in a if k not in ("states", "next_states"))
     assert all(np.array_equal(a[k]["obs"], b[k]["obs"]) for k in ("states", "next_states"))
     resumed = run(
-        **small, total_timesteps=400, learning_starts=150, save_model=True, checkpoint_replay=True, resume=path
+        **small, total_timesteps=400, learning_starts=270, save_model=True, checkpoint_replay=True, resume=path
     )
     assert resumed["start_step"] == 300 and resumed["updates"] == first["updates"] + int(99 * 0.25)  # no refill
     assert resumed["checkpoint"] != path and os.path.exists(path)  # the resume has its own run directory
@@ -789,7 +790,7 @@ def test_a_kill_between_the_replay_and_the_checkpoint_write_leaves_a_consistent_
         encoder="nature",
         num_experts=2,
         expert_width=32,
-        learning_starts=150,
+        learning_starts=270,
         save_model=True,
         checkpoint_replay=True,
     )
