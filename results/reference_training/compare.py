@@ -13,7 +13,8 @@ against ours (results/atari100k_26games/queue.sh's Breakout seed 1), one arm at 
    reference's parameters copied into our network by benchmark/compare_with_dopamine.py's weight copy, noise off);
    and Phi's gradient scale against Adam's eps (1.5e-4): the reference's sqrt of Adam's bias-corrected second moment
    of Phi (its mean over Phi), ours the mean of losses/phi_grad_rms over the 2,000 steps before S10.
-3. The verdict by the README's rule. Writes compare_<arm>.json and curves_<arm>.png (1's curves) beside this file,
+3. The verdict by the README's rule. Writes compare_<arm>_<S>.json and curves_<arm>_<S>.png (1's curves) beside this
+   file (one pair per look, so that every step the README reports stays checkable),
    and the arm's two rows of runs.csv (one per code, at S; the other arm's rows are kept): training return over the
    last 100 episodes by S, the mean evaluation return at S if that code evaluated there, and steps/s over the run's
    wall time (the reference's: from its first to its last checkpoint's file time, evaluations included; ours: agent
@@ -59,8 +60,10 @@ def reference_episodes(log_path: str, iteration_steps: int) -> tuple[list[tuple[
 
 
 def our_segments(moe: str) -> list[str]:
-    """Every segment (run folder) of our Breakout seed-1 run of that arm: queue.sh's resumes each write a new one."""
-    return glob.glob(os.path.join(OURS, f"Breakout__der_Breakout_{moe}_s1__*"))
+    """Every segment (run folder) of our Breakout seed-1 run of that arm: queue.sh's resumes each write a new one. A
+    segment that has not yet saved (no episodes.csv and summary.json before its first checkpoint) is left out."""
+    segments = glob.glob(os.path.join(OURS, f"Breakout__der_Breakout_{moe}_s1__*"))
+    return [d for d in segments if all(os.path.exists(os.path.join(d, f)) for f in ("episodes.csv", "summary.json"))]
 
 
 def our_run(moe: str) -> str:
@@ -255,9 +258,9 @@ def main():
         ref = result["routing"]["dopamine"]
         frozen = ref["routing_dispatch_entropy"] > 0.99 and ref["phi_grad_scale"] < 1.5e-4 / 10
         result["routing_verdict"] = "the reference's routing freezes too" if frozen else "it differs, here"
-    with open(os.path.join(HERE, f"compare_{cli.arm}.json"), "w") as f:
+    with open(os.path.join(HERE, f"compare_{cli.arm}_{S}.json"), "w") as f:
         json.dump(result, f, indent=1)
-    plot_curves(result, os.path.join(HERE, f"curves_{cli.arm}.png"))
+    plot_curves(result, os.path.join(HERE, f"curves_{cli.arm}_{S}.png"))
     head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout
     ours_speed, ours_commit = our_speed_and_commit(moe)
     evaluations = dict(result["dopamine_evaluations"])
