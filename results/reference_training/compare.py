@@ -12,7 +12,8 @@ against ours (results/atari100k_26games/queue.sh's Breakout seed 1), one arm at 
    benchmark/moe_analysis.py's routing_statistics on our snapshot's 32 probe stacks for both networks (the
    reference's parameters copied into our network by benchmark/compare_with_dopamine.py's weight copy, noise off);
    and Phi's gradient scale against Adam's eps (1.5e-4): the reference's sqrt of Adam's bias-corrected second moment
-   of Phi (its mean over Phi), ours the mean of losses/phi_grad_rms over the 2,000 steps before S10.
+   of Phi (its mean over Phi), ours the mean of losses/phi_grad_rms over the 2,000 steps before S10; and ours per
+   2,000 steps up to S (its logged values, one every 100 updates or so), to show when it moves.
 3. The verdict by the README's rule. Writes compare_<arm>_<S>.json and curves_<arm>_<S>.png (1's curves) beside this
    file (one pair per look, so that every step the README reports stays checkable),
    and the arm's two rows of runs.csv (one per code, at S; the other arm's rows are kept): training return over the
@@ -139,6 +140,18 @@ def our_speed_and_commit(moe: str) -> tuple[float | None, str]:
     return (steps / seconds if seconds else None), commit
 
 
+def our_phi_grad_blocks(upto: int) -> dict:
+    """Ours' losses/phi_grad_rms per 2,000 steps up to `upto`: the mean of the logged values in each block, and their
+    count."""
+    from scalars import read_scalars
+
+    blocks = {}
+    for (tag, step), value in read_scalars(our_segments("softmoe")).items():
+        if tag == "losses/phi_grad_rms" and step <= upto:
+            blocks.setdefault((step - 1) // BLOCK, []).append(value)
+    return {(k + 1) * BLOCK: {"mean": float(np.mean(v)), "logged": len(v)} for k, v in sorted(blocks.items())}
+
+
 def plot_curves(result: dict, path: str) -> None:
     """Both codes' training return per 2,000 steps up to S, and the reference's evaluations."""
     import matplotlib
@@ -258,6 +271,7 @@ def main():
         ref = result["routing"]["dopamine"]
         frozen = ref["routing_dispatch_entropy"] > 0.99 and ref["phi_grad_scale"] < 1.5e-4 / 10
         result["routing_verdict"] = "the reference's routing freezes too" if frozen else "it differs, here"
+        result["ours_phi_grad_rms_per_2000_steps"] = our_phi_grad_blocks(S)
     with open(os.path.join(HERE, f"compare_{cli.arm}_{S}.json"), "w") as f:
         json.dump(result, f, indent=1)
     plot_curves(result, os.path.join(HERE, f"curves_{cli.arm}_{S}.png"))
