@@ -3,8 +3,9 @@ against ours (results/atari100k_26games/queue.sh's Breakout seed 1), one arm at 
 
     .refvenv/bin/python -W ignore results/reference_training/compare.py --arm softmoe --dopamine-dir ../dopamine
 
-1. Curves: each code's training return per 2,000 agent steps (the mean of the episodes that end in the block) up to
-   S, the last 100 episodes that end by S (or all, if fewer), and the reference's evaluations up to S.
+1. Curves: each code's training return per 2,000 agent steps (the mean of the episodes that end in the block, and
+   their count) up to S, the last 100 episodes that end by S (or all, if fewer), and the reference's evaluations up
+   to S.
    The reference's episodes come from its log ("Steps executed: ..." within each iteration's training phase,
    iteration i starting at step i x --iteration-steps); ours from the newest segment's episodes.csv.
 2. Routing (Soft MoE) at S10, the last multiple of 10,000 steps that both have (the reference's checkpoint of that
@@ -12,14 +13,19 @@ against ours (results/atari100k_26games/queue.sh's Breakout seed 1), one arm at 
    benchmark/moe_analysis.py's routing_statistics on our snapshot's 32 probe stacks for both networks (the
    reference's parameters copied into our network by benchmark/compare_with_dopamine.py's weight copy, noise off);
    and Phi's gradient scale against Adam's eps (1.5e-4): the reference's sqrt of Adam's bias-corrected second moment
-   of Phi (its mean over Phi), ours the mean of losses/phi_grad_rms over the 2,000 steps before S10; and ours per
-   2,000 steps up to S (its logged values, one every 100 updates or so), to show when it moves.
+   of Phi (its mean over Phi), ours the mean of losses/phi_grad_rms over the 2,000 steps before S10; and ours'
+   losses/phi_grad_rms and losses/td_loss per 2,000 steps up to S (the mean of the values logged in the block: one
+   every 10 s of wall time, so their number follows the run's speed), with every logged Phi value.
 3. The verdict by the README's rule. Writes compare_<arm>_<S>.json and curves_<arm>_<S>.png (1's curves) beside this
    file (one pair per look, so that every step the README reports stays checkable),
    and the arm's two rows of runs.csv (one per code, at S; the other arm's rows are kept): training return over the
-   last 100 episodes by S, the mean evaluation return at S if that code evaluated there, and steps/s over the run's
-   wall time (the reference's: from its first to its last checkpoint's file time, evaluations included; ours: agent
-   steps over the summed wall time of its segments, which shared the two cores with the other runs).
+   last 100 episodes by S, the mean evaluation return at S if that code evaluated there, and steps/s. The
+   reference's: steps over the time between the file times of its earliest and latest kept checkpoint up to S (the
+   runner keeps its last 4, train.py a copy at each 10,000), restarts and the gaps between sessions included. Ours:
+   agent steps over the summed wall time of all its segments, each to where it stopped (past S for a run that went
+   on), beside the other runs on the two cores. The commit is the reference's (Dopamine's 5873f54 + the last commit
+   of this project that changed dopamine_reference.py) and, for ours, that of the segment that reached furthest.
+   The curves of 1 also list every episode (step at its end, return) up to S.
 """
 
 import argparse
@@ -104,6 +110,8 @@ def curve(episodes: list[tuple[int, float]], upto: int) -> dict:
     last = [ret for step, ret in episodes if step <= upto][-100:]
     return {
         "per_2000_steps": {(k + 1) * BLOCK: float(np.mean(v)) for k, v in sorted(blocks.items())},
+        "games_per_2000_steps": {(k + 1) * BLOCK: len(v) for k, v in sorted(blocks.items())},
+        "episodes": [[step, ret] for step, ret in episodes if step <= upto],
         "last_100_mean": float(np.mean(last)) if last else None,
         "last_100_episodes": len(last),
     }
@@ -140,16 +148,22 @@ def our_speed_and_commit(moe: str) -> tuple[float | None, str]:
     return (steps / seconds if seconds else None), commit
 
 
-def our_phi_grad_blocks(upto: int) -> dict:
-    """Ours' losses/phi_grad_rms per 2,000 steps up to `upto`: the mean of the logged values in each block, and their
-    count."""
+def our_scalars(moe: str, tags: tuple[str, ...], upto: int) -> tuple[dict, list]:
+    """Ours' logged scalars up to `upto`: per tag, the mean of the values logged in each 2,000-step block and their
+    count; and every logged losses/phi_grad_rms as (step, value)."""
     from scalars import read_scalars
 
-    blocks = {}
-    for (tag, step), value in read_scalars(our_segments("softmoe")).items():
-        if tag == "losses/phi_grad_rms" and step <= upto:
-            blocks.setdefault((step - 1) // BLOCK, []).append(value)
-    return {(k + 1) * BLOCK: {"mean": float(np.mean(v)), "logged": len(v)} for k, v in sorted(blocks.items())}
+    blocks, phi = {tag: {} for tag in tags}, []
+    for (tag, step), value in sorted(read_scalars(our_segments(moe)).items(), key=lambda kv: kv[0][1]):
+        if tag in blocks and step <= upto:
+            blocks[tag].setdefault((step - 1) // BLOCK, []).append(value)
+            if tag == "losses/phi_grad_rms":
+                phi.append([step, value])
+    per_block = {
+        tag: {(k + 1) * BLOCK: {"mean": float(np.mean(v)), "logged": len(v)} for k, v in sorted(b.items())}
+        for tag, b in blocks.items()
+    }
+    return per_block, phi
 
 
 def plot_curves(result: dict, path: str) -> None:
@@ -271,11 +285,15 @@ def main():
         ref = result["routing"]["dopamine"]
         frozen = ref["routing_dispatch_entropy"] > 0.99 and ref["phi_grad_scale"] < 1.5e-4 / 10
         result["routing_verdict"] = "the reference's routing freezes too" if frozen else "it differs, here"
-        result["ours_phi_grad_rms_per_2000_steps"] = our_phi_grad_blocks(S)
+    tags = ("losses/td_loss", "losses/phi_grad_rms") if cli.arm == "softmoe" else ("losses/td_loss",)
+    result["ours_scalars_per_2000_steps"], phi = our_scalars(moe, tags, S)
+    if phi:
+        result["ours_phi_grad_rms_logged"] = phi
     with open(os.path.join(HERE, f"compare_{cli.arm}_{S}.json"), "w") as f:
         json.dump(result, f, indent=1)
     plot_curves(result, os.path.join(HERE, f"curves_{cli.arm}_{S}.png"))
-    head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout
+    changed = ["git", "log", "-1", "--format=%h", "--abbrev=7", "--", "dopamine_reference.py"]
+    head = subprocess.run(changed, capture_output=True, text=True, cwd=HERE).stdout
     ours_speed, ours_commit = our_speed_and_commit(moe)
     evaluations = dict(result["dopamine_evaluations"])
     common = {"game": "Breakout", "arm": cli.arm, "seed": 1, "agent_steps": S}
@@ -285,7 +303,7 @@ def main():
         "train_return_last_100": result["curves"]["dopamine"]["last_100_mean"],
         "eval_mean_return": evaluations.get(S, ""),
         "steps_per_second": reference_speed(reference_dir, cli.iteration_steps, S),
-        "commit": f"5873f54+{head.strip()}",  # Dopamine's commit + this project's (dopamine_reference.CHANGES)
+        "commit": f"5873f54+{head.strip()}",  # Dopamine's + the last commit that changed dopamine_reference.py
     }
     ours_row = {
         "code": "ours",

@@ -14,6 +14,8 @@ with seeds 0-9, then 10 random NOOP / RIGHT / LEFT steps between stacks, never F
    mean Q, noise off): by symmetry each of the 4 actions should come out about a quarter of the time.
 2. The trained runs' networks at each 10,000 steps both saved (the reference's checkpoint, our snapshot), and the
    reference's latest checkpoint: the same two shares, and each action's mean Q over the states (noise off).
+   The reference run's own initial network is not among them: the agent derives its initialisation key from the
+   seed inside its constructor, and no checkpoint of step 0 was kept.
 
     .refvenv/bin/python -W ignore results/reference_training/serve_check.py --dopamine-dir ../dopamine
 
@@ -69,6 +71,7 @@ def fire_shares(net, states: torch.Tensor, draws: int, generator_seed: int = 0) 
         "fire_greedy_noise_off": float((q.argmax(1) == FIRE).float().mean()),
         "fire_greedy_noise_on": float(torch.stack(noisy).float().mean()),
         "mean_q_per_action": [float(v) for v in q.mean(0)],
+        "preferred_action": int(q.mean(0).argmax()),  # the greatest mean Q over the states, noise off
         "greedy_action_counts_noise_off": [int((q.argmax(1) == a).sum()) for a in range(q.shape[1])],
     }
 
@@ -108,23 +111,26 @@ def main():
             "never_fire_noise_on": int((on == 0).sum()),
             "below_1_percent_noise_on": int((on < 0.01).sum()),
             "mean_fire_share_noise_on": float(on.mean()),
+            "noise_changes_fire_share": int((off != on).sum()),
+            "prefer_fire": sum(r["preferred_action"] == FIRE for r in rows),
         }
         print(f"fresh {code}: {result['fresh'][f'{code}_summary']}")
-    preferred = np.zeros(4, dtype=int)
+    preferred = []
     for seed in range(cli.ours_seeds):
         torch.manual_seed(seed)
         net = cw.our_network(cfg, 4).eval()
         with torch.no_grad():
-            preferred[int(net({"obs": x}).mean(0).argmax())] += 1
-    counts = {"seeds": cli.ours_seeds, "NOOP FIRE RIGHT LEFT": preferred.tolist()}
-    result["fresh"]["ours_preferred_action_counts"] = counts
-    print(f"fresh ours, {cli.ours_seeds} seeds, preferred action NOOP FIRE RIGHT LEFT: {preferred.tolist()}")
+            preferred.append(int(net({"obs": x}).mean(0).argmax()))
+    counts = {"seeds": cli.ours_seeds, "NOOP FIRE RIGHT LEFT": np.bincount(preferred, minlength=4).tolist()}
+    result["fresh"]["ours_preferred_action_counts"] = counts | {"per_seed": preferred}
+    preferred = counts["NOOP FIRE RIGHT LEFT"]
+    print(f"fresh ours, {cli.ours_seeds} seeds, preferred action NOOP FIRE RIGHT LEFT: {preferred}")
     reference_dir = os.path.join(HERE, "work", "dopamine_Breakout_baseline_s1")
     checkpoints = [int(n.split(".")[1]) for n in os.listdir(os.path.join(reference_dir, "checkpoints"))
                    if n.startswith("ckpt.")]  # fmt: skip
     latest = (max(checkpoints) + 1) * 2_000
     result["trained"] = {}
-    for step in sorted({10_000, 20_000, latest}):
+    for step in sorted({*range(10_000, latest + 1, 10_000), latest}):
         row = {}
         if path := reference_checkpoint(reference_dir, step, 2_000):
             with open(path, "rb") as f:
