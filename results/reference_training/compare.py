@@ -89,6 +89,13 @@ def our_snapshot(moe: str, step: int) -> str | None:
     return None
 
 
+def reference_latest_step(reference_dir: str, iteration_steps: int) -> int | None:
+    """The step of the reference run's latest checkpoint (the runner's ckpt.N holds step (N + 1) x iteration_steps)."""
+    names = os.listdir(os.path.join(reference_dir, "checkpoints"))
+    checkpoints = [int(n.split(".")[1]) for n in names if n.startswith("ckpt.")]
+    return (max(checkpoints) + 1) * iteration_steps if checkpoints else None
+
+
 def reference_checkpoint(reference_dir: str, step: int, iteration_steps: int) -> str | None:
     """The reference's checkpoint of that step: the runner's (it keeps the last 4) or train.py's copy at 10,000s."""
     for name in (f"ckpt.{step // iteration_steps - 1}", f"keep_ckpt.{step // iteration_steps - 1}"):
@@ -203,14 +210,15 @@ def write_runs(rows: list[dict]) -> None:
         writer.writerows(sorted(kept + rows, key=lambda r: (r["arm"], r["code"])))
 
 
-def routing(step: int, snapshot_path: str, checkpoint_path: str, dopamine_dir: str) -> dict:
+def routing(step: int, snapshot_path: str, checkpoint_path: str, dopamine_dir: str, phi_logged: list) -> dict:
+    """Both networks' routing statistics at `step`, and Phi's gradient scale (ours from `phi_logged`, our_scalars's
+    (step, value) list)."""
     import dopamine_reference
     import torch
 
     import compare_with_dopamine as cw
     import moe_analysis
     import rainbow_softmoe as R
-    from scalars import read_scalars
 
     dopamine_reference.load(dopamine_dir)  # the reference's modules, to unpickle its checkpoint's optimizer state
     snapshot = torch.load(snapshot_path, weights_only=True)
@@ -233,8 +241,7 @@ def routing(step: int, snapshot_path: str, checkpoint_path: str, dopamine_dir: s
     nu = cw.flatten({"params": adam.nu["params"]})["SoftMoE_0/phi_weights"]
     bias = 1 - 0.999 ** int(adam.count)  # optax.adam's b2
     out["dopamine"]["phi_grad_scale"] = float(np.sqrt(np.asarray(nu) / bias).mean())
-    scalars = read_scalars(our_segments("softmoe"))  # every segment's events
-    recent = [v for (tag, s), v in scalars.items() if tag == "losses/phi_grad_rms" and step - BLOCK < s <= step]
+    recent = [v for s, v in phi_logged if step - BLOCK < s <= step]
     out["ours"]["phi_grad_scale"] = float(np.mean(recent)) if recent else None
     return out
 
@@ -255,12 +262,9 @@ def main():
     reference_dir = os.path.join(HERE, "work", f"dopamine_Breakout_{cli.arm}_s1")
     ours_dir = our_run(moe)
     ref_episodes, evaluations = reference_episodes(os.path.join(reference_dir, "train_log.txt"), cli.iteration_steps)
-    checkpoints = [
-        int(n.split(".")[1]) for n in os.listdir(os.path.join(reference_dir, "checkpoints")) if n.startswith("ckpt.")
-    ]
-    if not checkpoints:
+    S = reference_latest_step(reference_dir, cli.iteration_steps)
+    if S is None:
         raise SystemExit(f"error: the reference run in {reference_dir} has no checkpoint yet")
-    S = (max(checkpoints) + 1) * cli.iteration_steps
     if cli.upto is not None:
         if cli.upto > S:
             raise SystemExit(f"error: --upto {cli.upto} is past the reference run's last checkpoint step {S}")
@@ -278,15 +282,15 @@ def main():
         for step in range(S // 10_000 * 10_000, 0, -10_000)
     ]
     shared = next(((step, snap, ckpt) for step, snap, ckpt in pairs if snap and ckpt), None)
+    tags = ("losses/td_loss", "losses/phi_grad_rms") if cli.arm == "softmoe" else ("losses/td_loss",)
+    result["ours_scalars_per_2000_steps"], phi = our_scalars(moe, tags, S)
     if cli.arm == "softmoe" and shared:
         S10, snapshot_path, checkpoint_path = shared
         result["routing_step"] = S10
-        result["routing"] = routing(S10, snapshot_path, checkpoint_path, cli.dopamine_dir)
+        result["routing"] = routing(S10, snapshot_path, checkpoint_path, cli.dopamine_dir, phi)
         ref = result["routing"]["dopamine"]
         frozen = ref["routing_dispatch_entropy"] > 0.99 and ref["phi_grad_scale"] < 1.5e-4 / 10
         result["routing_verdict"] = "the reference's routing freezes too" if frozen else "it differs, here"
-    tags = ("losses/td_loss", "losses/phi_grad_rms") if cli.arm == "softmoe" else ("losses/td_loss",)
-    result["ours_scalars_per_2000_steps"], phi = our_scalars(moe, tags, S)
     if phi:
         result["ours_phi_grad_rms_logged"] = phi
     with open(os.path.join(HERE, f"compare_{cli.arm}_{S}.json"), "w") as f:

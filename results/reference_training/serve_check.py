@@ -84,7 +84,7 @@ def main():
     p.add_argument("--ours-seeds", type=int, default=500, help="fresh networks of ours for the preferred action")
     cli = p.parse_args()
     import jax
-    from compare import our_snapshot, reference_checkpoint
+    from compare import our_snapshot, reference_checkpoint, reference_latest_step
 
     import compare_with_dopamine as cw
     import rainbow_softmoe as R
@@ -123,12 +123,11 @@ def main():
             preferred.append(int(net({"obs": x}).mean(0).argmax()))
     counts = {"seeds": cli.ours_seeds, "NOOP FIRE RIGHT LEFT": np.bincount(preferred, minlength=4).tolist()}
     result["fresh"]["ours_preferred_action_counts"] = counts | {"per_seed": preferred}
-    preferred = counts["NOOP FIRE RIGHT LEFT"]
-    print(f"fresh ours, {cli.ours_seeds} seeds, preferred action NOOP FIRE RIGHT LEFT: {preferred}")
+    print(
+        f"fresh ours, {cli.ours_seeds} seeds, preferred action NOOP FIRE RIGHT LEFT: {counts['NOOP FIRE RIGHT LEFT']}"
+    )
     reference_dir = os.path.join(HERE, "work", "dopamine_Breakout_baseline_s1")
-    checkpoints = [int(n.split(".")[1]) for n in os.listdir(os.path.join(reference_dir, "checkpoints"))
-                   if n.startswith("ckpt.")]  # fmt: skip
-    latest = (max(checkpoints) + 1) * 2_000
+    latest = reference_latest_step(reference_dir, 2_000)
     result["trained"] = {}
     for step in sorted({*range(10_000, latest + 1, 10_000), latest}):
         row = {}
