@@ -128,6 +128,8 @@ def main():
     )
     reference_dir = os.path.join(HERE, "work", "dopamine_Breakout_baseline_s1")
     latest = reference_latest_step(reference_dir, 2_000)
+    if latest is None:
+        raise SystemExit(f"error: the reference run in {reference_dir} has no checkpoint yet")
     result["trained"] = {}
     for step in sorted({*range(10_000, latest + 1, 10_000), latest}):
         row = {}
