@@ -51,6 +51,11 @@ CHANGES = {
     "product is computed as x w_mu + ((x * f(p)) w_sigma) * f(q), which is equal in exact arithmetic, draws the same "
     "noise from the same keys and builds no weight per sample (noise_check.py: outputs and gradients equal "
     "to float32 rounding); the eval-mode branch (zero noise) is unchanged",
+    "max_priority_kept": "dopamine/jax/replay_memory/sum_tree.py: a SumTree's checkpoint (to_state_dict) keeps its "
+    "nodes but not max_recorded_priority, the priority every new replay element gets, so a run restored from a "
+    "checkpoint gives new elements 1.0 until an update sets a larger one, where the uninterrupted run gives the "
+    "largest ever recorded. It is saved beside the nodes; a checkpoint written without it restores the largest "
+    "priority the tree holds (at least 1.0), a lower bound of the value lost",
     "driver": "labs/moes/atari_100k_train.py keeps an internal-only import; train.py does what its main() does "
     "(gin configs, the agent factory with seed = run number, DataEfficientAtariRunner, run_experiment) and seeds "
     "tf and numpy with the run number as it does",
@@ -145,11 +150,13 @@ def load(
     replay_as_shipped: bool = False,
     aliasing_as_shipped: bool = False,
     noise_as_shipped: bool = False,
+    max_priority_as_shipped: bool = False,
 ) -> types.SimpleNamespace:
     """The reference's modules, changed as CHANGES says; `without_noise` (lockstep.py) also zeroes every NoisyNet's
     noise (its noisy layers then run as shipped); `replay_as_shipped` leaves the replay scheme uniform, as this commit
     runs it; `aliasing_as_shipped` leaves the replay holding views of the runner's two observation buffers
-    (observation_copy); `noise_as_shipped` builds every noisy weight (noise_factorised)."""
+    (observation_copy); `noise_as_shipped` builds every noisy weight (noise_factorised); `max_priority_as_shipped`
+    leaves the largest recorded priority out of the replay's checkpoint (max_priority_kept)."""
     if not os.path.isfile(
         os.path.join(dopamine_dir, "dopamine", "labs", "moes", "agents", "rainbow_100k_moe_agent.py")
     ):
@@ -185,6 +192,20 @@ def load(
         self.update(indices, priorities=priorities)
 
     replay_buffer.ReplayBuffer.set_priority = set_priority
+    if not max_priority_as_shipped:
+        from dopamine.jax.replay_memory import sum_tree
+
+        shipped_to, shipped_from = sum_tree.SumTree.to_state_dict, sum_tree.SumTree.from_state_dict
+
+        def to_state_dict(self):
+            return {**shipped_to(self), "max_recorded_priority": float(self.max_recorded_priority)}
+
+        def from_state_dict(self, state_dict):
+            shipped_from(self, state_dict)
+            held = float(self._nodes[self._first_leaf_offset :].max(initial=1.0))
+            self.max_recorded_priority = float(state_dict.get("max_recorded_priority", held))
+
+        sum_tree.SumTree.to_state_dict, sum_tree.SumTree.from_state_dict = to_state_dict, from_state_dict
     if not aliasing_as_shipped:
         import numpy
 
