@@ -39,12 +39,20 @@ CHANGES = {
     "gin_replay": "labs/moes/configs/DER.gin binds only the TF replay (OutOfGraphPrioritizedReplayBuffer.*); the JAX "
     "replay the agent builds gets the bindings of labs/atari_100k/configs/DER.gin: ReplayBuffer.max_capacity = "
     "1_000_000, ReplayBuffer.batch_size = 32, PrioritizedSamplingDistribution.max_capacity = 1_000_000",
-    "observation_copy": "labs/atari_100k/atari_100k_runner.py's _run_parallel writes every step's observations in "
-    "place into one of two alternating buffers (new_obses[step % 2]) and the agent hands views of them to the JAX "
-    "replay, whose TransitionAccumulator keeps them until it builds an element's stacks, up to n + 3 steps later: by "
-    "then both buffers hold newer frames, so every stored stack alternates the two newest frames (and with n = 10, "
-    "next_state is state). ReplayBuffer.add is given a copy of the transition's observation (the TF buffer that "
-    "labs/moes used at its import copies each observation when it is added)",
+    "transition_copy": "labs/atari_100k/atari_100k_runner.py's _run_parallel reuses its arrays from step to step, "
+    "and the JAX replay keeps the very arrays it is handed (its TransitionAccumulator builds an element up to n + 3 "
+    "steps later; an element's is_terminal stays the array it was given, read when a minibatch is stacked). "
+    "Observations go into one of two alternating buffers (new_obses[step % 2]), so every stored stack alternated "
+    "the two newest frames (with n = 10, next_state was state); `terminals` is one array written in place at every "
+    "step, so every element's terminal reads the runner's latest done (0 of the 51,461 elements of the Soft MoE run's "
+    "50,000-step checkpoint was terminal); `rewards` is rebound by np.clip each step and the next step's raw reward is "
+    "written into the array just handed over, so each n-step return summed the unclipped rewards one step late. "
+    "ReplayBuffer.add is given a copy of each of the transition's arrays (the TF buffer that labs/moes used at its "
+    "import copies each transition into its own storage when it is added)",
+    "restart_new_trajectory": "dopamine/jax/replay_memory/replay_buffer.py: restoring a checkpoint restores the "
+    "accumulator's unfinished trajectory, but the runner starts a new game after a restart, so the next n elements "
+    "would join the two games; the accumulator is cleared after a restore (the cut game's last steps make no "
+    "element, as rainbow_softmoe.py's resume learns no window across the cut)",
     "noise_factorised": "dopamine/jax/networks.py: NoisyNetwork forms the noisy weight w_mu + w_sigma * (f(p) f(q)^T) "
     "and multiplies by it; the agent's online pass runs under vmap with a key per sample, so every sample's weight "
     "(7,744 x 512 in the baseline's layer) is built, and its gradient too: most of the update's time. The same "
@@ -154,9 +162,9 @@ def load(
 ) -> types.SimpleNamespace:
     """The reference's modules, changed as CHANGES says; `without_noise` (lockstep.py) also zeroes every NoisyNet's
     noise (its noisy layers then run as shipped); `replay_as_shipped` leaves the replay scheme uniform, as this commit
-    runs it; `aliasing_as_shipped` leaves the replay holding views of the runner's two observation buffers
-    (observation_copy); `noise_as_shipped` builds every noisy weight (noise_factorised); `max_priority_as_shipped`
-    leaves the largest recorded priority out of the replay's checkpoint (max_priority_kept)."""
+    runs it; `aliasing_as_shipped` leaves the replay holding the runner's own arrays (transition_copy);
+    `noise_as_shipped` builds every noisy weight (noise_factorised); `max_priority_as_shipped` leaves the largest
+    recorded priority out of the replay's checkpoint (max_priority_kept)."""
     if not os.path.isfile(
         os.path.join(dopamine_dir, "dopamine", "labs", "moes", "agents", "rainbow_100k_moe_agent.py")
     ):
@@ -212,9 +220,16 @@ def load(
         shipped_add = replay_buffer.ReplayBuffer.add
 
         def add_a_copy(self, transition, **kwargs):
-            return shipped_add(self, transition._replace(observation=numpy.array(transition.observation)), **kwargs)
+            return shipped_add(self, type(transition)(*(numpy.array(field) for field in transition)), **kwargs)
 
         replay_buffer.ReplayBuffer.add = add_a_copy
+    shipped_restore = replay_buffer.ReplayBuffer.from_state_dict
+
+    def restore_then_new_trajectory(self, state_dict):
+        shipped_restore(self, state_dict)
+        self._transition_accumulator.clear()
+
+    replay_buffer.ReplayBuffer.from_state_dict = restore_then_new_trajectory
     return types.SimpleNamespace(
         dir=os.path.abspath(dopamine_dir),
         gin=gin,

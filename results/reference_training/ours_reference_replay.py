@@ -8,10 +8,10 @@ around terminals (README.md, "Lockstep"). This script runs ours unchanged in eve
 noise, schedules, protocol, evaluation, outputs, checkpoints) with that replay object in place of FrameReplay, fed and
 read as Atari100kRainbowMoEAgent feeds and reads it:
 
-- every acted step goes in as the reference's runner hands it over: the newest frame (copied, as
-  dopamine_reference's observation_copy does), the action, the clipped reward, the terminal (a lost life, in Atari
-  100k) and the episode end (the game is over or cut); ale_py's reset steps, which the runner never sees, do not;
-- a new element gets the largest priority recorded so far (JaxFullRainbowAgent._store_transition, prioritised);
+- every acted step goes in as the reference's runner hands it over, each array new (as dopamine_reference's
+  transition_copy makes the runner's): the newest frame, the action, the clipped reward, the terminal (a lost life, in
+  Atari 100k) and the episode end (the game is over or cut); ale_py's reset steps, which the runner never sees, do not;
+- a new element gets the largest priority recorded so far (Atari100kRainbowAgent._store_transition, prioritised);
 - a minibatch is 32 i.i.d. draws proportional to priority (ReplayBuffer.sample), weighted by
   (P + 1e-10)^-1/2 / max, and the drawn elements get p = sqrt(loss + 1e-10) after the update
   (rainbow_100k_moe_agent.py's _training_step_update);
@@ -20,10 +20,14 @@ read as Atari100kRainbowMoEAgent feeds and reads it:
 
 Kept from ours: learning starts after agent step 1,600 (the reference counts elements, and in the lockstep its first
 update came at step 1,519); the snapshots' probe is drawn from the reference's sampler with its generator put back
-afterwards, so that a snapshot leaves the run unchanged, as in ours.
+afterwards, so that a snapshot leaves the run unchanged, as in ours; a resume starts a new game with an empty n-step
+trajectory (dopamine_reference's restart_new_trajectory). The reference's environment cuts a game at 100,000 frames
+(atari_lib.create_atari_environment's max_num_frames_per_episode) and counts the cut as terminal, where the atari100k
+protocol cuts at 108,000 frames without a terminal; the two flags below give the reference's:
 
     .refvenv/bin/python -W ignore results/reference_training/ours_reference_replay.py --dopamine-dir ../dopamine \\
-        --preset der --env-id ALE/Breakout-v5 --encoder nature --moe softmoe --num-experts 4 --seed 1
+        --preset der --env-id ALE/Breakout-v5 --encoder nature --moe softmoe --num-experts 4 --seed 1 \\
+        --max-episode-frames 100000 --truncation-is-terminal
 
 Every flag after --dopamine-dir is rainbow_softmoe.py's (one environment: the reference's runner has one). It runs in
 the reference's virtual environment (.refvenv, README.md), which has torch, gymnasium and ale-py at this project's
@@ -61,9 +65,10 @@ class ReferenceReplay:
     # Breakout, against 7 KB a frame in FrameReplay), and the sum tree is 16 MB at the reference's capacity
     FIELDS = {"pickled": (np.uint8, ())}
     INPUTS = ()
-    BYTES_PER_TRANSITION = 0  # not fixed: the reference keeps each element's stacks snappy-compressed
+    BYTES_PER_TRANSITION = 0  # not fixed (snappy-compressed stacks), so validate() checks no memory for it
     settings: dict = {}  # n_step, gamma, seed: set by main() before rainbow_softmoe.main builds the replay
     last_step = None  # the EpisodeTracker's latest Step: whether the row main() adds was acted, and ended a game
+    probing = False  # True while Run.save_snapshot draws its probe
 
     def __init__(self, capacity: int, num_envs: int, prioritized: bool = False):
         if num_envs != 1 or not prioritized:
@@ -83,8 +88,7 @@ class ReferenceReplay:
             batch_size=32,
             max_capacity=REFERENCE_CAPACITY,
         )
-        self.rows, self.num_envs = REFERENCE_CAPACITY, 1
-        self.training_rng = None  # the generator main() samples with; any other is a snapshot's probe
+        self.rows, self.num_envs = REFERENCE_CAPACITY, 1  # --buffer-size is not read: the reference's capacity
 
     @property
     def count(self) -> int:
@@ -118,12 +122,10 @@ class ReferenceReplay:
 
     def sample(self, batch_size: int, rng: np.random.Generator, n_step: int = 1, gamma: float = 0.99) -> dict:
         """The reference's draw, in the batch layout of FrameReplay.transitions (stacks channel-first)."""
-        if self.training_rng is None:
-            self.training_rng = rng
         generator = self.memory._sampling_distribution._rng
         kept = generator.bit_generator.state
         element, metadata = self.memory.sample(size=batch_size, with_sample_metadata=True)
-        if rng is not self.training_rng:  # a snapshot's probe: the run's draws go on as if it had not been taken
+        if self.probing:  # a snapshot's probe: the run's draws go on as if it had not been taken
             generator.bit_generator.state = kept
         weights = 1.0 / np.sqrt(metadata.probabilities + 1e-10)
         return {
@@ -146,6 +148,7 @@ class ReferenceReplay:
 
     def load_state_dict(self, state: dict[str, np.ndarray]):
         self.memory = pickle.loads(state["pickled"].tobytes())  # a file this script wrote (--resume)
+        self.memory._transition_accumulator.clear()  # main() starts a new game: no n-step window joins the two
 
 
 def recording(step_method):
@@ -156,6 +159,19 @@ def recording(step_method):
         return ReferenceReplay.last_step
 
     return step
+
+
+def probing(save_snapshot):
+    """Run.save_snapshot, with ReferenceReplay.probing set while it runs."""
+
+    def save(self, global_step: int):
+        ReferenceReplay.probing = True
+        try:
+            return save_snapshot(self, global_step)
+        finally:
+            ReferenceReplay.probing = False
+
+    return save
 
 
 def main(argv: list[str]) -> dict:
@@ -173,6 +189,7 @@ def main(argv: list[str]) -> dict:
     ReferenceReplay.settings = dict(n_step=args.n_step, gamma=args.gamma, seed=args.seed)
     R.FrameReplay = ReferenceReplay  # main() builds its replay, and load_replay checks a checkpoint's, by this name
     atari.EpisodeTracker.step = recording(atari.EpisodeTracker.step)
+    R.Run.save_snapshot = probing(R.Run.save_snapshot)
     return R.main(args)
 
 
