@@ -139,7 +139,8 @@ class Args(Network):  # the Network options above come first in --help and in su
     """dopamine: sticky actions 0.25 (the paper's); nature: 0-29 no-op emulator frames, a lost life starts a new
     stack; atari100k: 0-29 no-op agent steps (action 0, not counted or scored), a lost life starts a new stack"""
     max_episode_frames: int = 108_000
-    """episode cap in emulator frames (Dopamine's max_steps_per_episode 27,000 agent steps)"""
+    """episode cap in emulator frames (Dopamine's max_steps_per_episode: 27,000 agent steps; its environment at 5873f54
+    also cuts at 100,000 frames, as terminal)"""
 
     # --- algorithm: CQL with the labs/offline_rl defaults (the paper's Table 3) ---
     agent: Literal["cql", "cql-c51"] = "cql"

@@ -116,7 +116,8 @@ class Args(Network):  # the Network options above come first in --help and in su
     num_envs: int = 1
     """environments stepped together; the updates per agent step stay --replay-ratio"""
     max_episode_frames: int = 108_000
-    """episode cap in emulator frames (Dopamine's max_steps_per_episode 27,000 agent steps)"""
+    """episode cap in emulator frames (Dopamine's max_steps_per_episode: 27,000 agent steps; its environment at 5873f54
+    also cuts at 100,000 frames, as terminal)"""
     truncation_is_terminal: bool = False
     """learn from the --max-episode-frames cut as terminal (Dopamine at HEAD), not never (the paper-era Dopamine)"""
 

@@ -18,7 +18,10 @@ runner must store exactly what that one stores.
     .refvenv/bin/python -W ignore results/reference_training/aliasing_check.py --dopamine-dir ../dopamine
 
 writes aliasing_check.json: every stored element (its state's and next state's newest frames, return, terminal) as
-shipped, with the copy, and fed fresh arrays.
+shipped, with the copy, and fed fresh arrays. With --replay-checkpoint (a trained run's
+checkpoints/<N>/replay/checkpoint.msgpack, given once per file) it also counts the terminal elements and the largest
+return in that replay as saved, under "replay_checkpoints" (an element's terminal is frozen there at the value the
+runner's array held when the checkpoint was written).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import subprocess
 import sys
 import types
@@ -112,14 +116,50 @@ def elements_stored(dopamine_dir: str, as_shipped: bool) -> dict:
     return {"runner": table(agent._replay), "fresh": table(fresh)}
 
 
+def replay_checkpoint_counts(path: str) -> dict:
+    """How many elements of a saved replay are terminal, and its largest n-step return."""
+    import msgpack
+    import numpy as np
+    from dopamine.jax import serialization  # dopamine_reference.load() has run (main)
+
+    with open(path, "rb") as f:
+        state = msgpack.unpackb(f.read(), object_hook=serialization.decode, raw=False, strict_map_key=False)
+    treedef = pickle.loads(state["memory"]["treedef"])
+    stored = [treedef.unflatten(leaves) for leaves in state["memory"]["values"]]
+    terminal = np.array([float(np.asarray(e.is_terminal).ravel()[0]) for e in stored])
+    returns = np.array([float(np.asarray(e.reward).ravel()[0]) for e in stored])
+    return {
+        "path": os.path.relpath(path, HERE),
+        "add_count": int(state["add_count"]),
+        "elements": len(stored),
+        "terminal_elements": int(terminal.sum()),
+        "largest_return": float(returns.max()),
+    }
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dopamine-dir", required=True)
     p.add_argument("--mode", choices=["shipped", "copy"], help=argparse.SUPPRESS)  # one process per mode
+    p.add_argument("--replay-checkpoint", action="append", default=[], help="a trained run's saved replay to count")
     p.add_argument("--out", default=os.path.join(HERE, "aliasing_check.json"))
     args = p.parse_args()
     if args.mode:
         print(json.dumps(elements_stored(args.dopamine_dir, as_shipped=args.mode == "shipped")))
+        return
+    if args.replay_checkpoint:  # added to an existing aliasing_check.json
+        with open(args.out) as f:
+            result = json.load(f)
+        sys.path.insert(0, HERE)
+        import dopamine_reference
+
+        dopamine_reference.load(args.dopamine_dir)  # once: it patches the reference's classes
+        for path in args.replay_checkpoint:
+            counts = replay_checkpoint_counts(path)
+            result.setdefault("replay_checkpoints", {})[counts["path"]] = counts
+            print(counts)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
         return
     result = {
         "stream": f"{STEPS} steps of a scripted game: frame j after step j (100 at reset), reward 2 on odd steps "
