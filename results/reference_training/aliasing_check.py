@@ -187,6 +187,9 @@ def main():
             f"(that one: {sum(r['terminal'] for r in fresh):.0f} terminal, largest return "
             f"{max(r['n_step_return'] for r in fresh)})"
         )
+    if os.path.exists(args.out):  # the replay counts of an earlier --replay-checkpoint call stay
+        with open(args.out) as f:
+            result |= {k: v for k, v in json.load(f).items() if k == "replay_checkpoints"}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
 
