@@ -38,6 +38,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 N_STEP, STACK, LIFE_LOST_AT, STEPS = 3, 4, 12, 20
 
 
+def scalar(field) -> float:
+    """An element's field over the one environment (an array of shape (1,) or ()), as a number."""
+    import numpy as np
+
+    return float(np.asarray(field).ravel()[0])
+
+
 def elements_stored(dopamine_dir: str, as_shipped: bool) -> dict:
     """The elements the runner's stream leaves in the replay, and those of the same stream fed fresh arrays."""
     import numpy as np
@@ -105,10 +112,10 @@ def elements_stored(dopamine_dir: str, as_shipped: bool) -> dict:
             e = element.unpack()
             rows.append(
                 {
-                    "state_newest_frame": int(np.asarray(e.state)[..., -1].ravel()[0]),
-                    "next_state_newest_frame": int(np.asarray(e.next_state)[..., -1].ravel()[0]),
-                    "n_step_return": float(np.asarray(e.reward).ravel()[0]),
-                    "terminal": float(np.asarray(e.is_terminal).ravel()[0]),
+                    "state_newest_frame": int(scalar(e.state[..., -1])),
+                    "next_state_newest_frame": int(scalar(e.next_state[..., -1])),
+                    "n_step_return": scalar(e.reward),
+                    "terminal": scalar(e.is_terminal),
                 }
             )
         return rows
@@ -119,21 +126,18 @@ def elements_stored(dopamine_dir: str, as_shipped: bool) -> dict:
 def replay_checkpoint_counts(path: str) -> dict:
     """How many elements of a saved replay are terminal, and its largest n-step return."""
     import msgpack
-    import numpy as np
     from dopamine.jax import serialization  # dopamine_reference.load() has run (main)
 
     with open(path, "rb") as f:
         state = msgpack.unpackb(f.read(), object_hook=serialization.decode, raw=False, strict_map_key=False)
     treedef = pickle.loads(state["memory"]["treedef"])
     stored = [treedef.unflatten(leaves) for leaves in state["memory"]["values"]]
-    terminal = np.array([float(np.asarray(e.is_terminal).ravel()[0]) for e in stored])
-    returns = np.array([float(np.asarray(e.reward).ravel()[0]) for e in stored])
     return {
         "path": os.path.relpath(path, HERE),
         "add_count": int(state["add_count"]),
         "elements": len(stored),
-        "terminal_elements": int(terminal.sum()),
-        "largest_return": float(returns.max()),
+        "terminal_elements": int(sum(scalar(e.is_terminal) for e in stored)),
+        "largest_return": max(scalar(e.reward) for e in stored),
     }
 
 
@@ -147,9 +151,12 @@ def main():
     if args.mode:
         print(json.dumps(elements_stored(args.dopamine_dir, as_shipped=args.mode == "shipped")))
         return
-    if args.replay_checkpoint:  # added to an existing aliasing_check.json
+    written = {}  # an earlier aliasing_check.json: a run of either kind keeps what the other wrote
+    if os.path.exists(args.out):
         with open(args.out) as f:
-            result = json.load(f)
+            written = json.load(f)
+    if args.replay_checkpoint:
+        result = written
         sys.path.insert(0, HERE)
         import dopamine_reference
 
@@ -187,9 +194,7 @@ def main():
             f"(that one: {sum(r['terminal'] for r in fresh):.0f} terminal, largest return "
             f"{max(r['n_step_return'] for r in fresh)})"
         )
-    if os.path.exists(args.out):  # the replay counts of an earlier --replay-checkpoint call stay
-        with open(args.out) as f:
-            result |= {k: v for k, v in json.load(f).items() if k == "replay_checkpoints"}
+    result |= {k: v for k, v in written.items() if k == "replay_checkpoints"}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
 
