@@ -8,7 +8,7 @@ the speed row of README.md, measured in one sitting.
 taskset pins both codes to one core: XLA spreads an update over every core it may use.
 
 Both learn from 32-transition minibatches of random frames (the update's cost does not depend on the pixels); the
-reference samples from its own replay, ours from FrameReplay. Prints and writes speed.json beside this file.
+reference samples from its own replay, ours from FrameReplay. Prints and writes speed.json (or --out) beside this file.
 """
 
 import argparse
@@ -105,10 +105,20 @@ def ours(moe: str, updates: int) -> dict:
     return {"update_seconds": seconds, "acting_seconds": (time.perf_counter() - start) / 50}
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux), since speeds compare only on one CPU."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dopamine-dir", required=True)
     p.add_argument("--updates", type=int, default=20)
+    p.add_argument("--out", default="speed.json", help="file name beside this script (one per CPU measured)")
     cli = p.parse_args()
     rows = []
     for arm, moe_type, moe in (("softmoe", "SOFTMOE", "softmoe"), ("baseline", "BASELINE", "none")):
@@ -117,8 +127,13 @@ def main():
             rows.append({"code": code, "arm": arm, **timed})
             update, acting = timed["update_seconds"], 1000 * timed["acting_seconds"]
             print(f"{code:8} {arm:8} update {update:.3f} s, acting {acting:.1f} ms", flush=True)
-    out = {"machine": platform.processor() or platform.machine(), "updates": cli.updates, "rows": rows}
-    with open(os.path.join(HERE, "speed.json"), "w") as f:
+    out = {
+        "machine": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
+        "updates": cli.updates,
+        "rows": rows,
+    }
+    with open(os.path.join(HERE, cli.out), "w") as f:
         json.dump(out, f, indent=2)
 
 
