@@ -3,7 +3,7 @@ network, in one process, one after the other, each on one thread (XLA's multi-th
 the speed row of README.md, measured in one sitting.
 
     XLA_FLAGS=--xla_cpu_multi_thread_eigen=false taskset -c 0 .refvenv/bin/python -W ignore \\
-        results/reference_training/speed.py --dopamine-dir ../dopamine [--updates 20]
+        results/reference_training/speed.py --dopamine-dir ../dopamine [--updates 20] [--out speed_<cpu>.json]
 
 taskset pins both codes to one core: XLA spreads an update over every core it may use.
 
