@@ -269,6 +269,13 @@ def main():
         if cli.upto > S:
             raise SystemExit(f"error: --upto {cli.upto} is past the reference run's last checkpoint step {S}")
         S = cli.upto
+    with open(os.path.join(ours_dir, "summary.json")) as f:
+        saved = json.load(f)["global_step"]
+    if saved < S:  # episodes.csv is written with each checkpoint: the games since would be missing
+        raise SystemExit(
+            f"error: our run has saved its episodes only to step {saved:,}, before S = {S:,}; "
+            "rerun after its next checkpoint (every 10 minutes)"
+        )
     ours_episodes = our_episodes(ours_dir)
     result = {
         "arm": cli.arm,
