@@ -21,12 +21,14 @@ writes aliasing_check.json: every stored element (its state's and next state's n
 shipped, with the copy, and fed fresh arrays. With --replay-checkpoint (a trained run's
 checkpoints/<N>/replay/checkpoint.msgpack, given once per file) it also counts the terminal elements and the largest
 return in that replay as saved, under "replay_checkpoints" (an element's terminal is frozen there at the value the
-runner's array held when the checkpoint was written).
+runner's array held when the checkpoint was written), with the first terminal element, the first element whose
+n-step return is positive, and every run of over 1,000 elements without a terminal (places in the add order).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import pickle
@@ -132,12 +134,18 @@ def replay_checkpoint_counts(path: str) -> dict:
         state = msgpack.unpackb(f.read(), object_hook=serialization.decode, raw=False, strict_map_key=False)
     treedef = pickle.loads(state["memory"]["treedef"])
     stored = [treedef.unflatten(leaves) for leaves in state["memory"]["values"]]
+    terminal = [i for i, e in enumerate(stored) if scalar(e.is_terminal)]
+    bounds = [-1, *terminal, len(stored)]
     return {
         "path": os.path.relpath(path, HERE),
         "add_count": int(state["add_count"]),
         "elements": len(stored),
-        "terminal_elements": int(sum(scalar(e.is_terminal) for e in stored)),
+        "terminal_elements": len(terminal),
         "largest_return": max(scalar(e.reward) for e in stored),
+        # places in the add order (about the agent step: a restart makes no element of the cut game's last steps)
+        "first_terminal_element": terminal[0] if terminal else None,
+        "first_positive_return_element": next((i for i, e in enumerate(stored) if scalar(e.reward) > 0), None),
+        "terminal_free_spans_over_1000": [[a + 1, b - 1] for a, b in itertools.pairwise(bounds) if b - a - 1 > 1000],
     }
 
 
