@@ -135,16 +135,17 @@ def replay_checkpoint_counts(path: str) -> dict:
     treedef = pickle.loads(state["memory"]["treedef"])
     stored = [treedef.unflatten(leaves) for leaves in state["memory"]["values"]]
     terminal = [i for i, e in enumerate(stored) if scalar(e.is_terminal)]
+    returns = [scalar(e.reward) for e in stored]
     bounds = [-1, *terminal, len(stored)]
     return {
         "path": os.path.relpath(path, HERE),
         "add_count": int(state["add_count"]),
         "elements": len(stored),
         "terminal_elements": len(terminal),
-        "largest_return": max(scalar(e.reward) for e in stored),
+        "largest_return": max(returns),
         # places in the add order (about the agent step: a restart makes no element of the cut game's last steps)
         "first_terminal_element": terminal[0] if terminal else None,
-        "first_positive_return_element": next((i for i, e in enumerate(stored) if scalar(e.reward) > 0), None),
+        "first_positive_return_element": next((i for i, r in enumerate(returns) if r > 0), None),
         "terminal_free_spans_over_1000": [[a + 1, b - 1] for a, b in itertools.pairwise(bounds) if b - a - 1 > 1000],
     }
 
