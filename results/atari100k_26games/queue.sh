@@ -110,7 +110,8 @@ for i in "${!jobs[@]}"; do
   cp "$dir/episodes.csv" "$OUT/$name/"
   cp "logs/$name.log" "$OUT/$name/train_log.txt"
   "$PY" "$CODE_DIR/benchmark/learning_curve.py" "$dir" && cp "$dir/learning_curve.png" "$OUT/$name/"
-  "$PY" "$CODE_DIR/benchmark/scalars.py" "${segments[@]}" --out "$OUT/$name/scalars.csv"
+  # the checkout's scalars.py: it drops what a segment logged past the step the next one resumed from (32aa045's kept it)
+  "$PY" "$ROOT/benchmark/scalars.py" "${segments[@]}" --out "$OUT/$name/scalars.csv"
   for run in "${segments[@]}"; do
     [ -d "$run/snapshots" ] || continue
     "$PY" "$CODE_DIR/benchmark/moe_analysis.py" "$run" >/dev/null
