@@ -106,11 +106,16 @@ def ours(moe: str, updates: int) -> dict:
 
 
 def cpu_model() -> str:
-    """The CPU's model name (Linux), since speeds compare only on one CPU."""
+    """The CPU's model name, family, model and widest vector extension (Linux), since speeds compare only on one CPU
+    and one model name ("AMD EPYC") can stand for CPUs of different speeds."""
     try:
         with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
+            fields = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        flags = fields["flags"].split()
+        vector = next((v for v in ("avx512f", "avx2", "avx") if v in flags), "none")
+        return f"{fields['model name']} (family {fields['cpu family']}, model {fields['model']}; {vector})"
+    except (OSError, KeyError):
         return platform.processor() or platform.machine()
 
 
