@@ -5,7 +5,9 @@ the speed row of README.md, measured in one sitting.
     XLA_FLAGS=--xla_cpu_multi_thread_eigen=false taskset -c 0 .refvenv/bin/python -W ignore \\
         results/reference_training/speed.py --dopamine-dir ../dopamine [--updates 20] [--out speed_<cpu>.json]
 
-taskset pins both codes to one core: XLA spreads an update over every core it may use.
+taskset pins both codes to one core: XLA spreads an update over every core it may use. `--threads 2`, unpinned and
+without XLA_FLAGS, times each code on both cores instead (torch two threads, XLA's multi-threaded Eigen on): what one
+run alone on the machine gets.
 
 Both learn from 32-transition minibatches of random frames (the update's cost does not depend on the pixels); the
 reference samples from its own replay, ours from FrameReplay. Prints and writes speed.json (or --out) beside this file.
@@ -67,12 +69,12 @@ def reference(dopamine_dir: str, moe_type: str, updates: int) -> dict:
     return {"update_seconds": update, "acting_seconds": (time.perf_counter() - start) / 50}
 
 
-def ours(moe: str, updates: int) -> dict:
+def ours(moe: str, updates: int, threads: int = 1) -> dict:
     import torch
 
     import rainbow_softmoe as R
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     experts = {"num_experts": 4} if moe == "softmoe" else {}
     args = R.fill_defaults(R.preset_args("der", encoder="nature", moe=moe, **experts))
     torch.manual_seed(0)
@@ -123,12 +125,16 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dopamine-dir", required=True)
     p.add_argument("--updates", type=int, default=20)
+    p.add_argument("--threads", type=int, default=1, help="torch's threads (the reference's follow XLA_FLAGS)")
     p.add_argument("--out", default="speed.json", help="file name beside this script (one per CPU measured)")
     cli = p.parse_args()
     rows = []
     for arm, moe_type, moe in (("softmoe", "SOFTMOE", "softmoe"), ("baseline", "BASELINE", "none")):
         for code in ("ours", "dopamine"):
-            timed = ours(moe, cli.updates) if code == "ours" else reference(cli.dopamine_dir, moe_type, cli.updates)
+            if code == "ours":
+                timed = ours(moe, cli.updates, cli.threads)
+            else:
+                timed = reference(cli.dopamine_dir, moe_type, cli.updates)
             rows.append({"code": code, "arm": arm, **timed})
             update, acting = timed["update_seconds"], 1000 * timed["acting_seconds"]
             print(f"{code:8} {arm:8} update {update:.3f} s, acting {acting:.1f} ms", flush=True)
@@ -136,6 +142,8 @@ def main():
         "machine": platform.processor() or platform.machine(),
         "cpu": cpu_model(),
         "updates": cli.updates,
+        "torch_threads": cli.threads,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "rows": rows,
     }
     with open(os.path.join(HERE, cli.out), "w") as f:
