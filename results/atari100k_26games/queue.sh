@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # §5.2's Atari-100k claim with DER (rainbow_softmoe.py --preset der), the network of the reference's shipped
 # dopamine/labs/moes/configs/DER.gin (Nature CNN; Soft MoE with 4 experts) against its baseline (--moe none), one torch
-# thread per run, in this order:
+# thread per run (THREADS=2: two, for one run alone on the machine), in this order:
 #   1. Breakout, Boxing, RoadRunner, seeds 1-3 (seed 1 first: Breakout seed 1 is the run beside the reference's own
 #      training, results/reference_training);
 #   2. the other 23 games of the paper's 26 (Appendix A), seed 1.
@@ -10,6 +10,7 @@
 #   bash results/atari100k_26games/queue.sh --list                # each run's state
 #   ONLY='_Breakout_' bash results/atari100k_26games/queue.sh 0 1  # only the runs whose name matches a regex
 #   CODE=<commit> bash ...                                         # run the code of that commit (default: HEAD)
+#   THREADS=2 ONLY='der_Breakout_softmoe_s1' bash ... 0 1          # one run alone on both cores (finishes in a session)
 #
 # Job i (of those ONLY selects) belongs to worker (i + i / NUM_WORKERS) % NUM_WORKERS, so that with two workers the
 # baseline and Soft MoE runs alternate between them (a Soft MoE run takes ~1.3x a baseline's). The code runs from a git worktree of one commit
@@ -20,7 +21,9 @@
 # A finished run's summary, episodes, learning curve, log, tensorboard scalars of all its segments (scalars.csv) and
 # the routing statistics of its snapshots (analysis.csv, benchmark/moe_analysis.py) land in results/atari100k_26games/
 # <run>/ and are committed on their own (`git commit -- <that folder>`). The snapshots of Breakout seed 1 are kept in
-# work/ (the reference comparison reads them); the others, and every finished run's replay memory, are deleted.
+# work/ (the reference comparison reads them), and its Soft MoE run's probes are committed too (probes.npz, probes.py:
+# the comparison's routing look once a fresh machine has lost the snapshots); the others, and every finished run's
+# replay memory, are deleted.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -98,7 +101,7 @@ for i in "${!jobs[@]}"; do
        "${snapshots[@]}" ${EXTRA:-})
   checkpoint=$(latest "$name" rainbow_softmoe.pt)
   [ -n "$checkpoint" ] && cmd+=(--resume "$checkpoint")
-  echo "+ ${cmd[*]}" >>"logs/$name.log"
+  echo "+ OMP_NUM_THREADS=$OMP_NUM_THREADS ${cmd[*]}" >>"logs/$name.log"
   "${cmd[@]}" >>"logs/$name.log" 2>&1 || { echo "$name: exited with $? (see $WORK/logs/$name.log)"; exit 1; }
   summary=$(latest "$name" summary.json)
   if ! grep -q '"complete": true' "$summary"; then
@@ -119,6 +122,9 @@ for i in "${!jobs[@]}"; do
   done
   [ -f "$OUT/$name/analysis.csv.tmp" ] && awk 'NR == 1 || $0 != first { print } NR == 1 { first = $0 }' \
     "$OUT/$name/analysis.csv.tmp" >"$OUT/$name/analysis.csv" && rm "$OUT/$name/analysis.csv.tmp"
+  if [ "$game $moe $seed" = "Breakout softmoe 1" ]; then
+    "$PY" "$ROOT/results/atari100k_26games/probes.py" "$OUT/$name/probes.npz" "${segments[@]}"
+  fi
   "$PY" "$ROOT/results/softmoe_100k_freeze/segments.py" "$OUT/$name/segments.json" "${segments[@]}"
   cp "$summary" "$OUT/$name/"  # last: the run counts as complete once everything else is here
   for run in "${segments[@]}"; do  # disk: the replay memories go, and the snapshots but Breakout seed 1's

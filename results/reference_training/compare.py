@@ -4,14 +4,19 @@ against ours (results/atari100k_26games/queue.sh's Breakout seed 1), one arm at 
     .refvenv/bin/python -W ignore results/reference_training/compare.py --arm softmoe --dopamine-dir ../dopamine
 
 1. Curves: each code's training return per 2,000 agent steps (the mean of the episodes that end in the block, and
-   their count) up to S, the last 100 episodes that end by S (or all, if fewer), and the reference's evaluations up
-   to S.
+   their count) up to S, the last 100 episodes that end by S (or all, if fewer), and both codes' evaluations up to S
+   (ours: at 100k only, DER's protocol).
    The reference's episodes come from its log ("Steps executed: ..." within each iteration's training phase,
-   iteration i starting at step i x --iteration-steps); ours from the newest segment's episodes.csv.
+   iteration i starting at step i x --iteration-steps); ours from the newest segment's episodes.csv in queue.sh's
+   work/, or, once the run is complete, from its committed folder (results/atari100k_26games/der_Breakout_<moe>_s1:
+   episodes.csv, summary.json with the evaluation at 100k, scalars.csv, segments.json, and for Soft MoE analysis.csv
+   and probes.npz), so that a look needs no file a fresh machine loses on our side.
 2. Routing (Soft MoE) at S10, the last multiple of 10,000 steps that both have (the reference's checkpoint of that
    step, our snapshot): dispatch entropy / log m, combine entropy, token diversity in and out, from
    benchmark/moe_analysis.py's routing_statistics on our snapshot's 32 probe stacks for both networks (the
    reference's parameters copied into our network by benchmark/compare_with_dopamine.py's weight copy, noise off);
+   (where the snapshot is gone: the reference on the committed probe of that step, ours' statistics from the run's
+   analysis.csv, which queue.sh computed on the same probe with the same function)
    and Phi's gradient scale against Adam's eps (1.5e-4): the reference's sqrt of Adam's bias-corrected second moment
    of Phi (its mean over Phi), ours the mean of losses/phi_grad_rms over the 2,000 steps before S10; and ours'
    losses/phi_grad_rms and losses/td_loss per 2,000 steps up to S (the mean of the values logged in the block: one
@@ -23,7 +28,7 @@ against ours (results/atari100k_26games/queue.sh's Breakout seed 1), one arm at 
    reference's: steps over the time between the file times of its earliest and latest kept checkpoint up to S (the
    runner keeps its last 4, train.py a copy at each 10,000), restarts and the gaps between sessions included. Ours:
    agent steps over the summed wall time of all its segments, each to where it stopped (past S for a run that went
-   on), beside the other runs on the two cores. The commit is the reference's (Dopamine's 5873f54 + the last commit
+   on), beside whatever else ran on the two cores. The commit is the reference's (Dopamine's 5873f54 + the last commit
    of this project that changed dopamine_reference.py) and, for ours, that of the segment that reached furthest.
    The curves of 1 also list every episode (step at its end, return) up to S.
 """
@@ -44,6 +49,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [HERE, ROOT, os.path.join(ROOT, "algos"), os.path.join(ROOT, "benchmark")]
 OURS = os.path.join(ROOT, "results", "atari100k_26games", "work", "runs")
+FINISHED = os.path.join(ROOT, "results", "atari100k_26games")
+ROUTING = ("token_diversity_in", "token_diversity_out", "routing_dispatch_entropy", "routing_combine_entropy")
 BLOCK = 2_000
 
 
@@ -73,7 +80,20 @@ def our_segments(moe: str) -> list[str]:
     return [d for d in segments if all(os.path.exists(os.path.join(d, f)) for f in ("episodes.csv", "summary.json"))]
 
 
+def our_finished(moe: str) -> str | None:
+    """The committed folder of our run once queue.sh has completed it, else None."""
+    folder = os.path.join(FINISHED, f"der_Breakout_{moe}_s1")
+    try:
+        with open(os.path.join(folder, "summary.json")) as f:
+            return folder if json.load(f).get("complete") else None
+    except FileNotFoundError:
+        return None
+
+
 def our_run(moe: str) -> str:
+    """Where ours' episodes and summary are read: the completed run's committed folder, else the newest segment."""
+    if finished := our_finished(moe):
+        return finished
     segments = our_segments(moe)
     if not segments:
         raise SystemExit(f"error: no run of ours in {OURS} for --moe {moe}")
@@ -142,9 +162,18 @@ def reference_speed(reference_dir: str, iteration_steps: int, upto: int) -> floa
 
 
 def our_speed_and_commit(moe: str) -> tuple[float | None, str]:
-    """Agent steps over the summed wall time of the run's segments (each segment's summary.json), and their commit."""
+    """Agent steps over the summed wall time of the run's segments (each segment's summary.json, or the completed
+    run's segments.json), and their commit."""
     steps = seconds = 0.0
     commit, newest = "", -1
+    if finished := our_finished(moe):
+        with open(os.path.join(finished, "segments.json")) as f:
+            segments = json.load(f).values()
+        with open(os.path.join(finished, "summary.json")) as f:
+            commit = json.load(f)["code"]["commit"][:7]
+        steps = sum(s["global_step"] - s["start_step"] for s in segments)
+        seconds = sum(s["wall_time"] for s in segments)
+        return (steps / seconds if seconds else None), commit
     for run in our_segments(moe):
         with open(os.path.join(run, "summary.json")) as f:
             summary = json.load(f)
@@ -160,8 +189,13 @@ def our_scalars(moe: str, tags: tuple[str, ...], upto: int) -> tuple[dict, list]
     count; and every logged losses/phi_grad_rms as (step, value)."""
     from scalars import read_scalars
 
+    if finished := our_finished(moe):  # scalars.py's table of all its segments
+        with open(os.path.join(finished, "scalars.csv")) as f:
+            logged = {(r["tag"], int(r["step"])): float(r["value"]) for r in csv.DictReader(f)}
+    else:
+        logged = read_scalars(our_segments(moe))
     blocks, phi = {tag: {} for tag in tags}, []
-    for (tag, step), value in sorted(read_scalars(our_segments(moe)).items(), key=lambda kv: kv[0][1]):
+    for (tag, step), value in sorted(logged.items(), key=lambda kv: kv[0][1]):
         if tag in blocks and step <= upto:
             blocks[tag].setdefault((step - 1) // BLOCK, []).append(value)
             if tag == "losses/phi_grad_rms":
@@ -174,7 +208,7 @@ def our_scalars(moe: str, tags: tuple[str, ...], upto: int) -> tuple[dict, list]
 
 
 def plot_curves(result: dict, path: str) -> None:
-    """Both codes' training return per 2,000 steps up to S, and the reference's evaluations."""
+    """Both codes' training return per 2,000 steps up to S, and both codes' evaluations."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -185,9 +219,10 @@ def plot_curves(result: dict, path: str) -> None:
         blocks = result["curves"][code]["per_2000_steps"]
         note = "" if blocks else f": no game ended by step {result['reference_steps']:,}"
         ax.plot(list(blocks), list(blocks.values()), marker="o", label=f"{label}, training{note}")
-    if result["dopamine_evaluations"]:
-        steps, returns = zip(*result["dopamine_evaluations"], strict=True)
-        ax.plot(steps, returns, "k^", label="reference, evaluation (100 episodes)")
+    for key, marker, label in (("dopamine_evaluations", "k^", "reference"), ("ours_evaluations", "rv", "ours")):
+        if result.get(key):
+            steps, returns = zip(*result[key], strict=True)
+            ax.plot(steps, returns, marker, label=f"{label}, evaluation (100 episodes)")
     ax.set_xlabel("agent steps")
     ax.set_ylabel("return per game (mean over 2,000 steps)")
     ax.set_title(f"Breakout, DER.gin network, {result['arm']}, seed 1, to step {result['reference_steps']:,}")
@@ -210,9 +245,25 @@ def write_runs(rows: list[dict]) -> None:
         writer.writerows(sorted(kept + rows, key=lambda r: (r["arm"], r["code"])))
 
 
-def routing(step: int, snapshot_path: str, checkpoint_path: str, dopamine_dir: str, phi_logged: list) -> dict:
+def our_committed_probe(moe: str, step: int) -> tuple[np.ndarray, dict] | None:
+    """The completed run's probe states of that step (probes.npz) and ours' routing statistics on them (its row of
+    analysis.csv), where both are committed: the routing look once the snapshot is gone."""
+    finished = our_finished(moe)
+    if not finished or not all(os.path.exists(os.path.join(finished, f)) for f in ("probes.npz", "analysis.csv")):
+        return None
+    with np.load(os.path.join(finished, "probes.npz")) as probes:
+        if str(step) not in probes:
+            return None
+        states = probes[str(step)]
+    with open(os.path.join(finished, "analysis.csv")) as f:
+        row = next((r for r in csv.DictReader(f) if int(float(r["global_step"])) == step), None)
+    return (states, {key: float(row[key]) for key in ROUTING}) if row else None
+
+
+def routing(step: int, ours, checkpoint_path: str, dopamine_dir: str, phi_logged: list) -> dict:
     """Both networks' routing statistics at `step`, and Phi's gradient scale (ours from `phi_logged`, our_scalars's
-    (step, value) list)."""
+    (step, value) list). `ours`: our snapshot's path (ours' network and probe), or our_committed_probe's (probe
+    states, ours' statistics)."""
     import dopamine_reference
     import torch
 
@@ -221,22 +272,27 @@ def routing(step: int, snapshot_path: str, checkpoint_path: str, dopamine_dir: s
     import rainbow_softmoe as R
 
     dopamine_reference.load(dopamine_dir)  # the reference's modules, to unpickle its checkpoint's optimizer state
-    snapshot = torch.load(snapshot_path, weights_only=True)
-    args = R.fill_defaults(R.Args(**snapshot["args"]))
-    ours_net = R.build_network(args, 4)
-    ours_net.load_state_dict(snapshot["q_net"])
     with open(checkpoint_path, "rb") as f:
         ckpt = pickle.load(f)
     der_gin = cw.configurations()[0]  # the weight copy's DER.gin network: Nature CNN, Soft MoE with 4 experts
-    ref_net = cw.loaded_network(cw.flatten(ckpt["online_params"]), der_gin, 4)
-    inputs = snapshot["probe"]["states"]
-    inputs = {"obs": inputs} if torch.is_tensor(inputs) else inputs
-    out = {}
-    for code, net in (("ours", ours_net), ("dopamine", ref_net)):
+    nets, out = {}, {}
+    if isinstance(ours, str):
+        snapshot = torch.load(ours, weights_only=True)
+        args = R.fill_defaults(R.Args(**snapshot["args"]))
+        nets["ours"] = R.build_network(args, 4)
+        nets["ours"].load_state_dict(snapshot["q_net"])
+        inputs = snapshot["probe"]["states"]
+        inputs = {"obs": inputs} if torch.is_tensor(inputs) else inputs
+    else:
+        states, out["ours"] = ours[0], dict(ours[1], source="analysis.csv")
+        inputs = {"obs": torch.from_numpy(states)}
+    nets["dopamine"] = cw.loaded_network(cw.flatten(ckpt["online_params"]), der_gin, 4)
+    for code, net in nets.items():
         net.eval()
         with torch.no_grad():
             _, aux = net(inputs, return_aux=True)
         out[code] = moe_analysis.routing_statistics(aux)
+    out["ours"].setdefault("source", "snapshot")  # where ours' statistics come from
     adam = ckpt["optimizer_state"][0]
     nu = cw.flatten({"params": adam.nu["params"]})["SoftMoE_0/phi_weights"]
     bias = 1 - 0.999 ** int(adam.count)  # optax.adam's b2
@@ -270,7 +326,8 @@ def main():
             raise SystemExit(f"error: --upto {cli.upto} is past the reference run's last checkpoint step {S}")
         S = cli.upto
     with open(os.path.join(ours_dir, "summary.json")) as f:
-        saved = json.load(f)["global_step"]
+        ours_summary = json.load(f)
+    saved = ours_summary["global_step"]
     if saved < S:  # episodes.csv is written with each checkpoint: the games since would be missing
         raise SystemExit(
             f"error: our run has saved its episodes only to step {saved:,}, before S = {S:,}; "
@@ -283,18 +340,25 @@ def main():
         "ours_run": os.path.relpath(ours_dir, ROOT),
         "curves": {"dopamine": curve(ref_episodes, S), "ours": curve(ours_episodes, S)},
         "dopamine_evaluations": [e for e in evaluations if e[0] <= S],
+        "ours_evaluations": [  # DER's protocol: one, at 100k
+            [e["global_step"], e["mean_return"]] for e in ours_summary.get("evaluations", []) if e["global_step"] <= S
+        ],
     }
     pairs = [
-        (step, our_snapshot(moe, step), reference_checkpoint(reference_dir, step, cli.iteration_steps))
+        (
+            step,
+            our_snapshot(moe, step) or our_committed_probe(moe, step),
+            reference_checkpoint(reference_dir, step, cli.iteration_steps),
+        )
         for step in range(S // 10_000 * 10_000, 0, -10_000)
     ]
     shared = next(((step, snap, ckpt) for step, snap, ckpt in pairs if snap and ckpt), None)
     tags = ("losses/td_loss", "losses/phi_grad_rms") if cli.arm == "softmoe" else ("losses/td_loss",)
     result["ours_scalars_per_2000_steps"], phi = our_scalars(moe, tags, S)
     if cli.arm == "softmoe" and shared:
-        S10, snapshot_path, checkpoint_path = shared
+        S10, ours_at_S10, checkpoint_path = shared
         result["routing_step"] = S10
-        result["routing"] = routing(S10, snapshot_path, checkpoint_path, cli.dopamine_dir, phi)
+        result["routing"] = routing(S10, ours_at_S10, checkpoint_path, cli.dopamine_dir, phi)
         ref = result["routing"]["dopamine"]
         frozen = ref["routing_dispatch_entropy"] > 0.99 and ref["phi_grad_scale"] < 1.5e-4 / 10
         result["routing_verdict"] = "the reference's routing freezes too" if frozen else "it differs, here"
@@ -320,7 +384,7 @@ def main():
         "code": "ours",
         **common,
         "train_return_last_100": result["curves"]["ours"]["last_100_mean"],
-        "eval_mean_return": "",  # DER's protocol evaluates at 100k
+        "eval_mean_return": dict(result["ours_evaluations"]).get(S, ""),  # DER's protocol evaluates at 100k
         "steps_per_second": ours_speed,
         "commit": ours_commit,
     }
