@@ -187,11 +187,10 @@ def our_speed_and_commit(moe: str) -> tuple[float | None, str]:
 def our_scalars(moe: str, tags: tuple[str, ...], upto: int) -> tuple[dict, list]:
     """Ours' logged scalars up to `upto`: per tag, the mean of the values logged in each 2,000-step block and their
     count; and every logged losses/phi_grad_rms as (step, value)."""
-    from scalars import read_scalars
+    from scalars import read_csv, read_scalars
 
     if finished := our_finished(moe):  # scalars.py's table of all its segments
-        with open(os.path.join(finished, "scalars.csv")) as f:
-            logged = {(r["tag"], int(r["step"])): float(r["value"]) for r in csv.DictReader(f)}
+        logged = read_csv(os.path.join(finished, "scalars.csv"))
     else:
         logged = read_scalars(our_segments(moe))
     blocks, phi = {tag: {} for tag in tags}, []
