@@ -20,10 +20,10 @@
 # stay in work/ (git-ignored); a run lost with the machine costs one run (7-9 h of a core here), so nothing is packed.
 # A finished run's summary, episodes, learning curve, log, tensorboard scalars of all its segments (scalars.csv) and
 # the routing statistics of its snapshots (analysis.csv, benchmark/moe_analysis.py) land in results/atari100k_26games/
-# <run>/ and are committed on their own (`git commit -- <that folder>`). The snapshots of Breakout seed 1 are kept in
-# work/ (the reference comparison reads them), and its Soft MoE run's probes are committed too (probes.npz, probes.py:
-# the comparison's routing look once a fresh machine has lost the snapshots); the others, and every finished run's
-# replay memory, are deleted.
+# <run>/ and are committed on their own (`git commit -- <that folder>`), then runs.csv and aggregate.json
+# (aggregate.py). The snapshots of Breakout seed 1 are kept in work/ (the reference comparison reads them), and its
+# Soft MoE run's probes are committed too (probes.npz, probes.py: the comparison's routing look once a fresh machine
+# has lost the snapshots); the others, and every finished run's replay memory, are deleted.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -79,12 +79,13 @@ mkdir -p "$WORK/logs"
 ) 9>"$WORK/worktree.lock"
 [ -f "$CODE_DIR/algos/rainbow_softmoe.py" ] || { echo "no worktree at $CODE_DIR"; exit 1; }
 
-commit_results() {  # commit_results NAME MESSAGE: that folder alone, retried while another git command holds the lock
+commit_results() {  # commit_results MESSAGE PATH...: those paths alone, retried while another git command holds the lock
+  local message=$1; shift
   for _ in 1 2 3 4 5 6; do
-    git -C "$ROOT" add -- "$OUT/$1" && git -C "$ROOT" commit -q -m "$2" -- "$OUT/$1" && return 0
+    git -C "$ROOT" add -- "$@" && git -C "$ROOT" commit -q -m "$message" -- "$@" && return 0
     sleep 20
   done
-  echo "$1: could not commit; commit results/atari100k_26games/$1 by hand"
+  echo "could not commit; commit $* by hand"
 }
 
 cd "$WORK"
@@ -133,6 +134,8 @@ for i in "${!jobs[@]}"; do
   done
   result=$("$PY" -c 'import json, sys; s = json.load(open(sys.argv[1]))
 print("{:,} agent steps; evaluation {:.1f}".format(s["global_step"], s["eval_mean_return"]))' "$summary")
-  commit_results "$name" "atari100k_26games: $name complete ($result)"
+  commit_results "atari100k_26games: $name complete ($result)" "$OUT/$name"
+  "$PY" "$ROOT/results/atari100k_26games/aggregate.py" &&  # runs.csv and aggregate.json, from the committed runs
+    commit_results "atari100k_26games: runs.csv and aggregate.json with $name" "$OUT/runs.csv" "$OUT/aggregate.json"
   echo "$name: complete, in $OUT/$name"
 done
