@@ -20,10 +20,10 @@
 # stay in work/ (git-ignored); a run lost with the machine costs one run (7-9 h of a core here), so nothing is packed.
 # A finished run's summary, episodes, learning curve, log, tensorboard scalars of all its segments (scalars.csv) and
 # the routing statistics of its snapshots (analysis.csv, benchmark/moe_analysis.py) land in results/atari100k_26games/
-# <run>/ and are committed on their own (`git commit -- <that folder>`), then runs.csv and aggregate.json
-# (aggregate.py). The snapshots of Breakout seed 1 are kept in work/ (the reference comparison reads them), and its
-# Soft MoE run's probes are committed too (probes.npz, probes.py: the comparison's routing look once a fresh machine
-# has lost the snapshots); the others, and every finished run's replay memory, are deleted.
+# <run>/ and are committed on their own with runs.csv and aggregate.json (aggregate.py; `git commit -- <those
+# paths>`). The snapshots of Breakout seed 1 are kept in work/ (the reference comparison reads them), and its Soft MoE
+# run's probes are committed too (probes.npz, probes.py: the comparison's routing look once a fresh machine has lost
+# the snapshots); the others, and every finished run's replay memory, are deleted.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -134,8 +134,8 @@ for i in "${!jobs[@]}"; do
   done
   result=$("$PY" -c 'import json, sys; s = json.load(open(sys.argv[1]))
 print("{:,} agent steps; evaluation {:.1f}".format(s["global_step"], s["eval_mean_return"]))' "$summary")
-  commit_results "atari100k_26games: $name complete ($result)" "$OUT/$name"
-  "$PY" "$ROOT/results/atari100k_26games/aggregate.py" &&  # runs.csv and aggregate.json, from the committed runs
-    commit_results "atari100k_26games: runs.csv and aggregate.json with $name" "$OUT/runs.csv" "$OUT/aggregate.json"
+  "$PY" "$ROOT/results/atari100k_26games/aggregate.py" ||  # runs.csv and aggregate.json, with this run's row
+    echo "$name: aggregate.py failed; rerun it and commit runs.csv and aggregate.json by hand"
+  commit_results "atari100k_26games: $name complete ($result)" "$OUT/$name" "$OUT/runs.csv" "$OUT/aggregate.json"
   echo "$name: complete, in $OUT/$name"
 done
