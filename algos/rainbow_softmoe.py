@@ -1468,6 +1468,8 @@ class Run:
         if not complete:
             print("interrupted: writing the summary and (with --save-model) the checkpoint")
         elif self.args.eval_episodes:  # Atari 100k: the score is this evaluation's
+            if self.args.save_model:  # the trained network first: a run stopped while it plays resumes here, to play
+                self.write_outputs(global_step, updates, complete=False)
             self.log_evaluation(global_step)
         self.write_outputs(global_step, updates, complete)
         hns, mean_return = self.summary["human_normalized_score"], self.summary["mean_return_last_100"]
@@ -1518,8 +1520,9 @@ def iteration_returns(episodes: list, iteration_steps: int, global_step: int) ->
 def read_checkpoint(args: Args) -> dict:
     """The checkpoint to resume, with its replay memory under "replay_state"; ValueError with one line otherwise."""
     ckpt = load_checkpoint(args.resume, args)
-    if ckpt["global_step"] >= args.total_timesteps:
-        step = ckpt["global_step"]
+    step, evaluated = ckpt["global_step"], [e["global_step"] for e in ckpt.get("evaluations", [])]
+    evaluation_left = step == args.total_timesteps and args.eval_episodes and step not in evaluated  # stopped in it
+    if step >= args.total_timesteps and not evaluation_left:
         raise ValueError(f"--resume {args.resume!r} is already at step {step:,}; raise --total-timesteps")
     ckpt["replay_state"] = load_replay(args.resume, ckpt["replay"]) if ckpt.get("replay") else None
     return ckpt

@@ -441,11 +441,18 @@ def test_the_code_shared_with_dqn_is_byte_identical():
     names = ("lecun_normal_ xavier_layer same_padding pad_same conv_same NatureEncoder tokenize l2_normalize soft_moe "
              "top1_route importance_loss load_loss load_balancing_loss count_parameters build_network architecture "
              "epsilon_schedule make_optimizer to_tensors GraphedUpdate GraphedPolicy period_crossed eta "
-             "iteration_returns read_checkpoint restore replay_path save_replay remove_stale_replays "
+             "iteration_returns restore replay_path save_replay remove_stale_replays "
              "load_replay SoftMoE Top1MoE network_inputs select_actions ObservationOnly observation_batch "
              "observation_step").split()  # fmt: skip
     for name in names:
         assert inspect.getsource(getattr(rb, name)) == inspect.getsource(getattr(dqn, name)), name
+    # read_checkpoint differs by one clause: a checkpoint at the last step resumes into the final evaluation it lacks
+    ours, theirs = (inspect.getsource(m.read_checkpoint).splitlines() for m in (rb, dqn))
+    assert [line.split("  #")[0].strip() for line in ours if line not in theirs] == [
+        'step, evaluated = ckpt["global_step"], [e["global_step"] for e in ckpt.get("evaluations", [])]',
+        "evaluation_left = step == args.total_timesteps and args.eval_episodes and step not in evaluated",
+        "if step >= args.total_timesteps and not evaluation_left:",
+    ]
 
 
 def test_the_eta_uses_the_rate_since_learning_started_and_is_a_lower_bound_before(tmp_path, monkeypatch, capsys):
@@ -520,6 +527,29 @@ def test_a_resumed_run_keeps_the_evaluations_of_the_segments_before_it(tmp_path,
     assert [e["global_step"] for e in saved["evaluations"]] == [240, 250, 260]
     assert saved["evaluations"][:2] == json.loads(json.dumps(first["evaluations"]))
     assert saved["eval_mean_return"] == saved["evaluations"][-1]["mean_return"]
+
+
+def test_a_run_stopped_in_its_final_evaluation_resumes_into_it_without_training_again(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    kw = dict(SMALL, learning_starts=200, eval_episodes=1, max_episode_frames=200, save_model=True)
+    evaluate = rb.evaluate
+
+    def stopped_while_playing(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rb, "evaluate", stopped_while_playing)
+    with pytest.raises(KeyboardInterrupt):
+        run("drq-eps", total_timesteps=250, **kw)
+    (checkpoint,) = (tmp_path / "runs").glob("*/rainbow_softmoe.pt")
+    state = torch.load(checkpoint, weights_only=False)
+    assert state["global_step"] == 250 and state["evaluations"] == []  # the trained network, not yet evaluated
+    assert not json.loads((checkpoint.parent / "summary.json").read_text())["complete"]
+    monkeypatch.setattr(rb, "evaluate", evaluate)
+    resumed = run("drq-eps", total_timesteps=250, resume=str(checkpoint), **kw)
+    assert resumed["complete"] and resumed["start_step"] == 250 and resumed["updates"] == state["updates"]
+    assert [e["global_step"] for e in resumed["evaluations"]] == [250]
+    with pytest.raises(SystemExit, match="is already at step 250; raise --total-timesteps"):  # evaluated: nothing left
+        run("drq-eps", total_timesteps=250, resume=resumed["checkpoint"], **kw)
 
 
 def test_resume_with_the_replay_memory_keeps_the_priorities(tmp_path, monkeypatch):
