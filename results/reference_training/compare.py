@@ -25,10 +25,10 @@ against ours (results/atari100k_26games/queue.sh's Breakout seed 1), one arm at 
    file (one pair per look, so that every step the README reports stays checkable),
    and the arm's two rows of runs.csv (one per code, at S; the other arm's rows are kept): training return over the
    last 100 episodes by S, the mean evaluation return at S if that code evaluated there, and steps/s. The
-   reference's: an iteration's steps over the median time between the kept checkpoints of consecutive iterations up
-   to S (file times; the runner keeps its last 4, train.py a copy at each 10,000), so that the hours between two
-   sessions on a kept machine do not count (looks made before this change, to 50,000 steps, took the time between
-   the earliest and latest kept checkpoint, restarts included). Ours:
+   reference's: an iteration's steps over the median time between the kept checkpoints of consecutive iterations
+   when the look is made (file times; the runner keeps its last 4, train.py a copy at each 10,000), so that the hours
+   between two sessions on a kept machine do not count (the Xeon runs' looks took the time between the earliest and
+   latest kept checkpoint up to S, restarts included). Ours:
    agent steps over the summed wall time of all its segments, each to where it stopped (past S for a run that went
    on), beside whatever else ran on the two cores. The commit is the reference's (Dopamine's 5873f54 + the last commit
    of this project that changed dopamine_reference.py) and, for ours, that of the segment that reached furthest.
@@ -150,15 +150,14 @@ COLUMNS = ["code", "game", "arm", "seed", "agent_steps", "train_return_last_100"
            "steps_per_second", "commit"]  # fmt: skip
 
 
-def reference_speed(reference_dir: str, iteration_steps: int, upto: int) -> float | None:
-    """Agent steps per second of the reference's median iteration up to `upto`: iteration_steps over the median time
-    between the kept checkpoints of two consecutive iterations (file times), so that a stop between sessions, with
-    the machine kept and the runs resumed hours later, does not count as training time."""
+def reference_speed(reference_dir: str, iteration_steps: int) -> float | None:
+    """Agent steps per second of the reference's median iteration: iteration_steps over the median time between the
+    kept checkpoints of two consecutive iterations (file times; the runner keeps its last 4), so that a stop between
+    sessions, with the machine kept and the runs resumed hours later, does not count as training time."""
     times = {}
     for path in glob.glob(os.path.join(reference_dir, "checkpoints", "*ckpt.*")):
         step = (int(path.rsplit(".", 1)[1]) + 1) * iteration_steps
-        if step <= upto:
-            times[step] = min(times.get(step, float("inf")), os.path.getmtime(path))
+        times[step] = min(times.get(step, float("inf")), os.path.getmtime(path))
     seconds = [times[step] - times[step - iteration_steps] for step in times if step - iteration_steps in times]
     seconds = [s for s in seconds if s > 0]
     return iteration_steps / float(np.median(seconds)) if seconds else None
@@ -379,7 +378,7 @@ def main():
         **common,
         "train_return_last_100": result["curves"]["dopamine"]["last_100_mean"],
         "eval_mean_return": evaluations.get(S, ""),
-        "steps_per_second": reference_speed(reference_dir, cli.iteration_steps, S),
+        "steps_per_second": reference_speed(reference_dir, cli.iteration_steps),
         "commit": f"5873f54+{head.strip()}",  # Dopamine's + the last commit that changed dopamine_reference.py
     }
     ours_row = {
