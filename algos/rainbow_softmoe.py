@@ -18,7 +18,8 @@ dqn_softmoe.py; this file adds the agent:
          slices of the total; w_i = (P(i) + 1e-10)^-1/2 / max_j w_j (beta 0.5); after the update p_i = (loss_i +
          1e-10)^1/2
     dueling: logits = V(s) + A(s, a) - mean_a' A(s, a'); NoisyNets: W = mu_W + sigma_W * f(e_out) f(e_in)^T,
-         f(x) = sign(x) sqrt|x|, one draw per forward pass, training epsilon 0; the experts' first layer is noisy too
+         f(x) = sign(x) sqrt|x|, one draw per forward pass (in an update's online pass one per sample), training
+         epsilon 0; the experts' first layer is noisy too
 
 The paper's Rainbow (Impala, Soft MoE with 8 experts, 50M agent steps) and the Atari-100k presets (100k agent steps,
 then 100 evaluation episodes at epsilon 0.001):
@@ -178,6 +179,10 @@ class Args(Network):  # the Network options above come first in --help and in su
     """top1: weight of the importance and load losses added to the TD loss (0 = off, the reference's default)"""
     double: bool = True
     """double DQN: the online network picks a* at s_{t+n}, the target network evaluates it"""
+    noise_per_sample: bool = True
+    """NoisyNets: in an update's online pass each sample draws its own noise, as the reference's per-sample keys do
+    (labs/moes agents' `train`); the target's passes and acting draw one for the batch. --no-noise-per-sample: one
+    draw for the whole minibatch in the online pass too (Dopamine's full_rainbow_agent.py)"""
     uniform_replay: bool = False
     """sample the replay memory uniformly instead of by priority (replay_scheme 'uniform')"""
     compact: bool = False
@@ -681,8 +686,9 @@ def factorised_noise(shape, device) -> torch.Tensor:
 class NoisyLinear(nn.Module):
     """y = x (mu_W + sigma_W * f(e_out) f(e_in)^T)^T + mu_b + sigma_b * f(e_out), factorised Gaussian noise as
     Dopamine's NoisyNetwork: mu ~ U(+-1/sqrt(fan_in)), sigma = 0.1/sqrt(fan_in). A fresh draw at every forward pass,
-    shared by the batch (Dopamine's full Rainbow passes one key per batch; its MoE agent's per-sample keys would double
-    the noisy layers' matmuls), and every layer and network draws its own (the reference feeds one key to a network's
+    shared by the batch, or with `per_sample` set (`sample_noise`: the update's online pass) each sample's own, as the
+    reference's per-sample keys draw it (`train` in labs/moes/agents/full_rainbow_moe_agent.py and
+    rainbow_100k_moe_agent.py); every layer and network draws its own (the reference feeds one key to a network's
     layers and to both passes of the double-DQN target). In eval mode (evaluation, analysis) it uses the means."""
 
     def __init__(self, in_features: int, out_features: int):
@@ -692,16 +698,25 @@ class NoisyLinear(nn.Module):
         self.bias_mu = nn.Parameter(torch.empty(out_features).uniform_(-bound, bound))
         self.weight_sigma = nn.Parameter(torch.full((out_features, in_features), sigma))
         self.bias_sigma = nn.Parameter(torch.full((out_features,), sigma))
+        self.per_sample = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, in) -> (B, out)
         if not self.training:
             return F.linear(x, self.weight_mu, self.bias_mu)
-        eps_in = factorised_noise(self.weight_mu.shape[1], x.device)
-        eps_out = factorised_noise(self.weight_mu.shape[0], x.device)
+        draws = (len(x),) if self.per_sample else ()
+        eps_in = factorised_noise(draws + self.weight_mu.shape[1:], x.device)
+        eps_out = factorised_noise(draws + self.weight_mu.shape[:1], x.device)
         # x W^T = x mu^T + ((x * f(e_in)) sigma^T) * f(e_out): the (out x in) noisy matrix is never formed (15x cheaper
-        # when acting on one state, ~20% for a batch of 32 on a CPU)
+        # when acting on one state, ~20% for a batch of 32 on a CPU), so a draw per sample costs no more matmuls
         noise = (F.linear(x * eps_in, self.weight_sigma) + self.bias_sigma) * eps_out
         return F.linear(x, self.weight_mu, self.bias_mu) + noise
+
+
+def sample_noise(net: nn.Module, per_sample: bool) -> None:
+    """Whether net's NoisyNet layers (NoisyLinear, noisy Experts) draw their noise per sample or once per batch."""
+    for module in net.modules():
+        if isinstance(module, (NoisyLinear, Experts)):
+            module.per_sample = per_sample
 
 
 def dense_layer(in_features: int, out_features: int, noisy: bool) -> nn.Module:
@@ -712,8 +727,9 @@ def dense_layer(in_features: int, out_features: int, noisy: bool) -> nn.Module:
 class Experts(nn.Module):
     """n = cfg.num_experts independent experts f_e(x) = Dense(ReLU(Dense(x))): d -> width -> d (width =
     cfg.expert_width), xavier_uniform kernels, zero biases, stacked on a leading expert axis. With cfg.noisy the first
-    Dense is a NoisyNet layer (its own mu / sigma init, one draw per expert and forward pass in train mode; the
-    reference's experts share one draw); the projection back to d stays plain, as in the reference. (B, n, slots, d)
+    Dense is a NoisyNet layer (its own mu / sigma init, one draw per expert and forward pass in train mode, or per
+    expert and sample with `per_sample`, as NoisyLinear; the reference's experts share one draw); the projection back
+    to d stays plain, as in the reference. (B, n, slots, d)
     -> outputs (B, n, slots, d), hidden (B, n, slots, width)."""
 
     def __init__(self, cfg: Network, dim: int):
@@ -732,15 +748,21 @@ class Experts(nn.Module):
             nn.init.uniform_(self.b1, -bound, bound)
             self.w1_sigma = nn.Parameter(torch.full((num_experts, dim, width), sigma))
             self.b1_sigma = nn.Parameter(torch.full((num_experts, width), sigma))
+        self.per_sample = False
 
     def forward(self, slots: torch.Tensor):
         B, n, s, d = slots.shape
         x = slots.transpose(0, 1).reshape(n, B * s, d)  # one matmul per expert over all its slots
-        w1, b1 = self.w1, self.b1
-        if self.noisy and self.training:
-            eps_in, eps_out = factorised_noise((n, d, 1), x.device), factorised_noise((n, 1, w1.shape[-1]), x.device)
+        w1, b1, width = self.w1, self.b1, self.w1.shape[-1]
+        if self.noisy and self.training and not self.per_sample:  # one draw for the batch: the noisy matrix, formed
+            eps_in, eps_out = factorised_noise((n, d, 1), x.device), factorised_noise((n, 1, width), x.device)
             w1, b1 = w1 + self.w1_sigma * eps_in * eps_out, b1 + self.b1_sigma * eps_out[:, 0]
-        hidden = torch.relu(torch.baddbmm(b1[:, None], x, w1))  # (n, B*s, width)
+        pre = torch.baddbmm(b1[:, None], x, w1)  # (n, B*s, width)
+        if self.noisy and self.training and self.per_sample:  # sample b's own draw: ((x * f(e_in)) sigma) * f(e_out)
+            eps_in, eps_out = factorised_noise((n, B, 1, d), x.device), factorised_noise((n, B, 1, width), x.device)
+            noise = torch.baddbmm(self.b1_sigma[:, None], (x.view(n, B, s, d) * eps_in).flatten(1, 2), self.w1_sigma)
+            pre = pre + (noise.view(n, B, s, width) * eps_out).flatten(1, 2)
+        hidden = torch.relu(pre)
         out = torch.baddbmm(self.b2[:, None], hidden, self.w2)  # (n, B*s, d)
         return out.view(n, B, s, d).transpose(0, 1), hidden.view(n, B, s, -1).transpose(0, 1)
 
@@ -1014,7 +1036,9 @@ def rainbow_loss(q_net, target_net, batch: dict, args: Args):
             target = project_distribution(batch["rewards"][:, None] + discount[:, None] * support, next_probs, support)
         else:
             target = batch["rewards"] + discount * next_q[rows, next_action]
+    sample_noise(q_net, args.noise_per_sample)  # the online pass: each sample its own draw (the reference's keys)
     q, aux = q_net(states, return_aux=True)
+    sample_noise(q_net, False)
     q_taken = q[rows, actions]
     if args.num_atoms > 1:
         per_sample = -(target * torch.log_softmax(aux["logits"][rows, actions], -1)).sum(-1)  # cross-entropy

@@ -169,6 +169,58 @@ def test_eval_mode_switches_the_noise_off_in_every_noisy_layer_and_the_experts()
     assert not hasattr(rb.build_network(plain, 4).moe.experts, "w1_sigma")
 
 
+def test_per_sample_noise_is_each_samples_own_factorised_matrix_in_a_layer_and_in_the_experts():
+    torch.manual_seed(12)
+    layer, x = rb.NoisyLinear(50, 30), torch.randn(3, 50)
+    layer.per_sample = True
+    torch.manual_seed(13)
+    y = layer(x)
+    torch.manual_seed(13)  # the same draws, in the layer's order: f(e_in) then f(e_out), one row per sample
+    e_in, e_out = rb.factorised_noise((3, 50), "cpu"), rb.factorised_noise((3, 30), "cpu")
+    for b in range(3):  # sample b through its own noisy matrix, formed
+        weight = layer.weight_mu + layer.weight_sigma * torch.outer(e_out[b], e_in[b])
+        expected = weight @ x[b] + layer.bias_mu + layer.bias_sigma * e_out[b]
+        torch.testing.assert_close(y[b], expected, rtol=1e-5, atol=1e-5)
+    experts = rb.Experts(rb.fill_defaults(rb.Args(encoder="nature", num_experts=2, expert_width=8)), 6)
+    experts.per_sample = True
+    slots = torch.randn(3, 2, 4, 6)  # (B, n, slots, d)
+    torch.manual_seed(14)
+    out, hidden = experts(slots)
+    torch.manual_seed(14)
+    e_in, e_out = rb.factorised_noise((2, 3, 1, 6), "cpu"), rb.factorised_noise((2, 3, 1, 8), "cpu")
+    for b in range(3):
+        for e in range(2):  # expert e's first layer for sample b: its own matrix, the same for the sample's slots
+            w1 = experts.w1[e] + experts.w1_sigma[e] * torch.outer(e_in[e, b, 0], e_out[e, b, 0])
+            h = torch.relu(slots[b, e] @ w1 + experts.b1[e] + experts.b1_sigma[e] * e_out[e, b, 0])
+            torch.testing.assert_close(hidden[b, e], h, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(out[b, e], h @ experts.w2[e] + experts.b2[e], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("moe", ["none", "softmoe"])
+def test_an_updates_online_pass_draws_noise_per_sample_and_its_target_and_acting_one_per_batch(moe):
+    """The reference's `train` (labs/moes agents) gives each sample of the online pass its own key, and the target's
+    passes one key for the batch: on a batch of one state repeated, the online logits differ between rows, the
+    target's do not; acting after the update draws one noise for the batch again."""
+    torch.manual_seed(15)
+    args = rb.fill_defaults(rb.Args(encoder="nature", moe=moe, num_experts=2, expert_width=16))
+    q_net, target_net = rb.build_network(args, 4), rb.build_network(args, 4)
+    batch = random_batch(4, 4)
+    for key in ("states", "next_states"):
+        batch[key] = {"obs": batch[key]["obs"][:1].repeat(4, 1, 1, 1)}
+    targets = []
+    target_net.register_forward_hook(lambda module, inputs, output: targets.append(output[1]["logits"]))
+    for per_sample in (True, False):
+        args.noise_per_sample = per_sample
+        _, metrics = rb.rainbow_loss(q_net, target_net, batch, args)
+        online = metrics["aux"]["logits"].detach()
+        assert all(torch.equal(online[0], online[b]) != per_sample for b in (1, 2, 3))
+        assert all(torch.allclose(targets[-1][0], targets[-1][b]) for b in (1, 2, 3))
+        assert not any(getattr(module, "per_sample", False) for module in q_net.modules())
+        with torch.no_grad():
+            q = q_net(batch["states"])
+        assert all(torch.allclose(q[0], q[b]) for b in (1, 2, 3))  # acting: one draw for the batch
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Replay: n-step returns across episode ends with several environments
 # ----------------------------------------------------------------------------------------------------------------------
