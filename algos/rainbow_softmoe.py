@@ -686,8 +686,8 @@ def factorised_noise(shape, device) -> torch.Tensor:
 class NoisyLinear(nn.Module):
     """y = x (mu_W + sigma_W * f(e_out) f(e_in)^T)^T + mu_b + sigma_b * f(e_out), factorised Gaussian noise as
     Dopamine's NoisyNetwork: mu ~ U(+-1/sqrt(fan_in)), sigma = 0.1/sqrt(fan_in). A fresh draw at every forward pass,
-    shared by the batch, or with `per_sample` set (`sample_noise`: the update's online pass) each sample's own, as the
-    reference's per-sample keys draw it (`train` in labs/moes/agents/full_rainbow_moe_agent.py and
+    shared by the batch, or with `per_sample` set (`set_noise_per_sample`: the update's online pass) each sample's
+    own, as the reference's per-sample keys draw it (`train` in labs/moes/agents/full_rainbow_moe_agent.py and
     rainbow_100k_moe_agent.py); every layer and network draws its own (the reference feeds one key to a network's
     layers and to both passes of the double-DQN target). In eval mode (evaluation, analysis) it uses the means."""
 
@@ -712,7 +712,7 @@ class NoisyLinear(nn.Module):
         return F.linear(x, self.weight_mu, self.bias_mu) + noise
 
 
-def sample_noise(net: nn.Module, per_sample: bool) -> None:
+def set_noise_per_sample(net: nn.Module, per_sample: bool) -> None:
     """Whether net's NoisyNet layers (NoisyLinear, noisy Experts) draw their noise per sample or once per batch."""
     for module in net.modules():
         if isinstance(module, (NoisyLinear, Experts)):
@@ -1036,9 +1036,9 @@ def rainbow_loss(q_net, target_net, batch: dict, args: Args):
             target = project_distribution(batch["rewards"][:, None] + discount[:, None] * support, next_probs, support)
         else:
             target = batch["rewards"] + discount * next_q[rows, next_action]
-    sample_noise(q_net, args.noise_per_sample)  # the online pass: each sample its own draw (the reference's keys)
+    set_noise_per_sample(q_net, args.noise_per_sample)  # the online pass: each sample its own draw (reference's keys)
     q, aux = q_net(states, return_aux=True)
-    sample_noise(q_net, False)
+    set_noise_per_sample(q_net, False)
     q_taken = q[rows, actions]
     if args.num_atoms > 1:
         per_sample = -(target * torch.log_softmax(aux["logits"][rows, actions], -1)).sum(-1)  # cross-entropy
