@@ -1,6 +1,6 @@
 """The comparison README.md fixed before the trained runs ended: the reference's own DER.gin run (run_reference.sh)
 against ours (results/atari100k_26games/queue.sh's Breakout seed 1 at 32aa045, whose NoisyNets drew one noise per
-minibatch: results/atari100k_26games/per_batch_noise/), one arm at a time, at the reference's step S.
+minibatch: results/reference_training/ours_per_batch_noise/), one arm at a time, at the reference's step S.
 
     .refvenv/bin/python -W ignore results/reference_training/compare.py --arm softmoe --dopamine-dir ../dopamine
 
@@ -9,8 +9,8 @@ minibatch: results/atari100k_26games/per_batch_noise/), one arm at a time, at th
    (ours: at 100k only, DER's protocol).
    The reference's episodes come from its log ("Steps executed: ..." within each iteration's training phase,
    iteration i starting at step i x --iteration-steps); ours from the newest segment's episodes.csv in
-   work/per_batch_noise_runs/, or, once the run is complete, from its committed folder
-   (results/atari100k_26games/per_batch_noise/der_Breakout_<moe>_s1:
+   work/ours_per_batch_noise_runs/ (this folder's), or, once the run is complete, from its committed folder
+   (ours_per_batch_noise/der_Breakout_<moe>_s1:
    episodes.csv, summary.json with the evaluation at 100k, scalars.csv, segments.json, and for Soft MoE analysis.csv
    and probes.npz), so that a look needs no file a fresh machine loses on our side.
 2. Routing (Soft MoE) at S10, the last multiple of 10,000 steps that both have (the reference's checkpoint of that
@@ -52,8 +52,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [HERE, ROOT, os.path.join(ROOT, "algos"), os.path.join(ROOT, "benchmark")]
-OURS = os.path.join(ROOT, "results", "atari100k_26games", "work", "per_batch_noise_runs")
-FINISHED = os.path.join(ROOT, "results", "atari100k_26games", "per_batch_noise")
+OURS = os.path.join(HERE, "work", "ours_per_batch_noise_runs")
+FINISHED = os.path.join(HERE, "ours_per_batch_noise")
 ROUTING = ("token_diversity_in", "token_diversity_out", "routing_dispatch_entropy", "routing_combine_entropy")
 BLOCK = 2_000
 
