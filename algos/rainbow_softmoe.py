@@ -689,7 +689,8 @@ class NoisyLinear(nn.Module):
     shared by the batch, or with `per_sample` set (`set_noise_per_sample`: the update's online pass) each sample's
     own, as the reference's per-sample keys draw it (`train` in labs/moes/agents/full_rainbow_moe_agent.py and
     rainbow_100k_moe_agent.py); every layer and network draws its own (the reference feeds one key to a network's
-    layers and to both passes of the double-DQN target). In eval mode (evaluation, analysis) it uses the means."""
+    dense layer and heads, and one to both passes of the double-DQN target). In eval mode (evaluation, analysis) it
+    uses the means."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
