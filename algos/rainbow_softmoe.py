@@ -755,11 +755,12 @@ class Experts(nn.Module):
         B, n, s, d = slots.shape
         x = slots.transpose(0, 1).reshape(n, B * s, d)  # one matmul per expert over all its slots
         w1, b1, width = self.w1, self.b1, self.w1.shape[-1]
-        if self.noisy and self.training and not self.per_sample:  # one draw for the batch: the noisy matrix, formed
+        noisy = self.noisy and self.training
+        if noisy and not self.per_sample:  # one draw for the batch: the noisy matrix, formed
             eps_in, eps_out = factorised_noise((n, d, 1), x.device), factorised_noise((n, 1, width), x.device)
             w1, b1 = w1 + self.w1_sigma * eps_in * eps_out, b1 + self.b1_sigma * eps_out[:, 0]
         pre = torch.baddbmm(b1[:, None], x, w1)  # (n, B*s, width)
-        if self.noisy and self.training and self.per_sample:  # sample b's own draw: ((x * f(e_in)) sigma) * f(e_out)
+        if noisy and self.per_sample:  # sample b's own draw: ((x * f(e_in)) sigma) * f(e_out)
             eps_in, eps_out = factorised_noise((n, B, 1, d), x.device), factorised_noise((n, B, 1, width), x.device)
             noise = torch.baddbmm(self.b1_sigma[:, None], (x.view(n, B, s, d) * eps_in).flatten(1, 2), self.w1_sigma)
             pre = pre + (noise.view(n, B, s, width) * eps_out).flatten(1, 2)
