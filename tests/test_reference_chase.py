@@ -46,7 +46,7 @@ def test_the_rule_names_the_replay_only_when_the_reference_replay_gives_plus_and
     assert chase.rule({"reference": -0.5, "ours": -7.0}) == "the replay is cleared at this seed"
     assert chase.rule({"reference": -0.5, "ours": 1.0}).startswith("ours' own replay gives the reference's sign")
     assert chase.rule({"reference": 0.5, "ours": 1.0}).startswith("ours' own replay gives the reference's sign")
-    assert chase.rule({"reference": 0.0, "ours": -1.0}).startswith("none of the rule's cases")
+    assert chase.rule({"reference": 0.0, "ours": -1.0}) == "a gap of exactly 0: none of the rule's cases"
     assert chase.rule({"ours": -1.0}).startswith("no reading yet")
 
 

@@ -9,11 +9,11 @@ ours' replay (results/atari100k_26games/queue.sh's der_Breakout_<moe>_s1) and wi
 Per run: the training return per 2,000 agent steps and over the last 100 games by S (compare.py's curve), and the
 evaluation at 100k (DER's protocol); per replay, Soft MoE - baseline over the last 100 games. The rule (README.md, "The
 verdict at 100,000 steps"), read at S = 100,000 once all four runs are complete: the replay is named as the difference
-at this seed if the sign is + with the reference's replay and - with ours'; cleared at this seed if both are -; if
-ours' own replay gives + already, the per-sample noise moved ours to the reference's sign. Before that every look is
-interim. Writes chase_<S>.json and chase_<S>.png beside this file. With --keep, a complete chase run's episodes,
-summary, log and logged scalars are copied into chase/<run>/ (committed), where later looks read them once a fresh
-machine has lost work/.
+at this seed if the gap is + with the reference's replay and - with ours'; cleared at this seed if both are -; if
+ours' own replay gives + (whatever the other), the per-sample noise alone gave ours the reference's sign. Before that
+every look is interim. Writes chase_<S>.json and chase_<S>.png beside this file. With --keep, a complete chase run's
+episodes, summary, log and logged scalars are copied into chase/<run>/ (committed), where later looks read them once a
+fresh machine has lost work/.
 """
 
 import argparse
@@ -128,7 +128,7 @@ def rule(gaps: dict[str, float]) -> str:
         return "the replay is cleared at this seed"
     if gaps["ours"] > 0:
         return "ours' own replay gives the reference's sign: the per-sample noise moved ours there"
-    return "none of the rule's cases (a gap of 0, or + with ours' replay only beside - with the reference's)"
+    return "a gap of exactly 0: none of the rule's cases"
 
 
 def look(upto: int | None = None) -> dict:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The chase's first candidate (README, "The verdict at 100,000 steps"): ours with the reference's replay
-# (ours_reference_replay.py: rainbow_softmoe.py --preset der with DER.gin's network, the reference's JAX ReplayBuffer fed
-# as its agent feeds it, and the reference's 100,000-frame cut counted as terminal), Breakout, seed 1, one arm per
-# process pinned to a core, one torch thread. The code runs from a git worktree of one commit (work/code-<commit>, as
+# (ours_reference_replay.py: rainbow_softmoe.py --preset der with DER.gin's network and the reference's JAX ReplayBuffer
+# fed as its agent feeds it; everything else ours, the atari100k protocol's 108,000-frame cut without a terminal
+# included, so that the replay is the one thing changed), Breakout, seed 1, one arm per process pinned to a core, one
+# torch thread. The code runs from a git worktree of one commit (work/code-<commit>, as
 # the 26-game queue does), so edits to the checkout never reach a run in progress. Resumable: a checkpoint every 10
 # minutes keeps the whole replay object (--checkpoint-replay), and a rerun goes on from the arm's latest.
 #
@@ -29,7 +30,7 @@ mkdir -p "$WORK"
 name=chase_Breakout_${moe}_s1
 cmd=(taskset -c "${CORE:-0}" "$ROOT/.refvenv/bin/python" -W ignore "$CODE_DIR/results/reference_training/ours_reference_replay.py"
      --dopamine-dir "${DOPAMINE:?set DOPAMINE to a dopamine checkout}" --preset der --env-id ALE/Breakout-v5
-     --encoder nature "${network[@]}" --seed 1 --max-episode-frames 100000 --truncation-is-terminal
+     --encoder nature "${network[@]}" --seed 1
      --exp-name "$name" --save-model --checkpoint-replay --write-every-minutes 10 --log-every-seconds 60
      --snapshot-every 10000)
 checkpoint=$(ls -t "$WORK"/runs/*__"$name"__*/rainbow_softmoe.pt 2>/dev/null | head -n 1 || true)
