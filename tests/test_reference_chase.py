@@ -63,6 +63,9 @@ def test_the_gap_is_the_difference_of_the_last_100_games_by_100k(runs):
     assert result["soft_moe_minus_baseline_last_100"]["reference"] == pytest.approx(7 / 3 - 2.0)
     assert result["runs"]["ours/baseline"]["curve"]["last_100_episodes"] == 100
     assert result["runs"]["ours/baseline"]["evaluation"] == 9.0
+    # the games ending in (80,000, 100,000]: the baseline's twos at steps 600 x 134 ... 600 x 150 (17), not the one past
+    assert result["runs"]["ours/baseline"]["last_20000_steps"] == {"mean": 2.0, "games": 17}
+    assert result["runs"]["reference/softmoe"]["last_20000_steps"] == {"mean": 3.5, "games": 2}
     assert result["reading"] == "the replay is named as the difference, at this seed"
 
 

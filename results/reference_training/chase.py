@@ -1,4 +1,5 @@
-"""The chase README.md fixed after the verdict at 100,000 steps ("it differs, here"), before any of its runs ended:
+"""The chase README.md fixed after the verdict at 100,000 steps ("it differs, here"), before any of its runs ended (one
+was at 77,000 steps):
 ours at 137126d (per-sample NoisyNet noise in the update, as the reference draws it), Breakout seed 1, both arms, with
 ours' replay (results/atari100k_26games/queue.sh's der_Breakout_<moe>_s1) and with the reference's
 (run_ours_reference_replay.sh's chase_Breakout_<moe>_s1), beside the reference's own runs (compare_<arm>_100000.json).
@@ -6,14 +7,15 @@ ours' replay (results/atari100k_26games/queue.sh's der_Breakout_<moe>_s1) and wi
     python results/reference_training/chase.py            # the look at the step all started runs have saved
     python results/reference_training/chase.py --upto 100000
 
-Per run: the training return per 2,000 agent steps and over the last 100 games by S (compare.py's curve), and the
-evaluation at 100k (DER's protocol); per replay, Soft MoE - baseline over the last 100 games. The rule (README.md, "The
-verdict at 100,000 steps"), read at S = 100,000 once all four runs are complete: the replay is named as the difference
-at this seed if the gap is + with the reference's replay and - with ours'; cleared at this seed if both are -; if
-ours' own replay gives + (whatever the other), the per-sample noise alone gave ours the reference's sign. Before that
-every look is interim. Writes chase_<S>.json and chase_<S>.png beside this file. With --keep, a complete chase run's
-episodes, summary, log and logged scalars are copied into chase/<run>/ (committed), where later looks read them once a
-fresh machine has lost work/.
+Per run: the training return per 2,000 agent steps and over the last 100 games by S (compare.py's curve), the games
+that end in the last 20,000 steps before S (described only), and the evaluation at 100k (DER's protocol); per replay,
+Soft MoE - baseline over the last 100 games. The rule (README.md, "The chase"), read at S = 100,000 once all four runs
+are complete: the replay is named as the difference at this seed if the gap is + with the reference's replay and -
+with ours'; cleared at this seed if both are -; if ours' own replay gives + (whatever the other), the per-sample noise
+alone gave ours the reference's sign; a gap of exactly 0 is none of these. Before that every look is interim. Writes
+chase_<S>.json and chase_<S>.png beside this file. With --keep, a complete chase run's episodes, summary, log and
+logged scalars are copied into chase/<run>/ (committed), where later looks read them once a fresh machine has lost
+work/.
 """
 
 import argparse
@@ -118,6 +120,13 @@ def plot(result: dict, reference: dict, path: str) -> None:
     plt.close(fig)
 
 
+def window(episodes: list[tuple[int, float]], start: int, end: int) -> dict:
+    """The games that end in (start, end]: their mean return and count (described beside the rule, not read by it:
+    a run that stops ending games keeps old games in its last 100)."""
+    returns = [ret for step, ret in episodes if start < step <= end]
+    return {"mean": sum(returns) / len(returns) if returns else None, "games": len(returns)}
+
+
 def rule(gaps: dict[str, float]) -> str:
     """The chase's reading (README.md) of Soft MoE - baseline over the last 100 games, per replay."""
     if len(gaps) < 2:
@@ -156,6 +165,7 @@ def look(upto: int | None = None) -> dict:
             "commit": summaries[key]["code"]["commit"][:7],
             "complete": bool(summaries[key].get("complete")),
             "curve": curve(our_episodes(folder), S),
+            "last_20000_steps": window(our_episodes(folder), S - 20_000, S),
             "evaluation": evaluations[-1]["mean_return"] if evaluations else None,
         }
     gaps = {}
@@ -194,8 +204,10 @@ def main():
     for key, run in runs.items():
         if run:
             c = run["curve"]
-            print(f"{key}: last 100 games by {S:,}: {c['last_100_mean']} ({c['last_100_episodes']} games)"
-                  + (f", evaluation {run['evaluation']}" if run["evaluation"] is not None else ""))  # fmt: skip
+            w = run["last_20000_steps"]
+            print(f"{key}: last 100 games by {S:,}: {c['last_100_mean']} ({c['last_100_episodes']} games); "
+                  f"games ending in the last 20,000 steps: {w['mean']} ({w['games']})"
+                  + (f"; evaluation {run['evaluation']}" if run["evaluation"] is not None else ""))  # fmt: skip
         else:
             print(f"{key}: not started")
     print(result["reading"])
