@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The chase's first candidate (README, "The verdict at 100,000 steps"): ours with the reference's replay
+# The chase's first candidate (README, "The chase"): ours with the reference's replay
 # (ours_reference_replay.py: rainbow_softmoe.py --preset der with DER.gin's network and the reference's JAX ReplayBuffer
 # fed as its agent feeds it; everything else ours, the atari100k protocol's 108,000-frame cut without a terminal
 # included, so that the replay is the one thing changed), Breakout, seed 1, one arm per process pinned to a core, one
