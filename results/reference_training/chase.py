@@ -113,7 +113,7 @@ def plot(result: dict, reference: dict, path: str) -> None:
             ax.plot([100_000], [run["evaluation"]], "v" if replay == "ours" else "D", color=colours[arm])
     ax.set_xlabel("agent steps")
     ax.set_ylabel("return per game (mean over 2,000 steps)")
-    ax.set_title(f"Breakout, DER.gin network, seed 1, to step {S:,}: the chase (markers at 100k: evaluations)")
+    ax.set_title(f"The chase: Breakout, DER.gin network, seed 1, to step {S:,}\n(markers at 100k: evaluations)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
