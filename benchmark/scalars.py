@@ -55,6 +55,15 @@ def read_csv(path: str) -> dict[tuple[str, int], float]:
         return {(row["tag"], int(row["step"])): float(row["value"]) for row in csv.DictReader(f)}
 
 
+def write_csv(values: dict[tuple[str, int], float], path: str) -> None:
+    """The scalars as this script's CSV: tag, step, value (6 significant digits), sorted by tag and step."""
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["tag", "step", "value"])
+        for (tag, step), value in sorted(values.items()):
+            writer.writerow([tag, step, f"{value:.6g}"])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="run directories (or event files' folders), oldest segment first")
@@ -70,11 +79,7 @@ def main():
     values = {key: v for key, v in values.items() if cli.upto is None or key[1] <= cli.upto}
     if not values:
         raise SystemExit(f"error: no tensorboard scalars under {', '.join(cli.runs)}")
-    with open(cli.out, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["tag", "step", "value"])
-        for (tag, step), value in sorted(values.items()):
-            writer.writerow([tag, step, f"{value:.6g}"])
+    write_csv(values, cli.out)
     print(f"{cli.out}: {len(values):,} values, {len({t for t, _ in values})} tags")
 
 

@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [HERE, os.path.join(ROOT, "benchmark")]
 
-from compare import curve, our_episodes  # noqa: E402
+from compare import complete, curve, our_episodes  # noqa: E402
 
 ARMS = {"baseline": "none", "softmoe": "softmoe"}
 REPLAYS = {  # replay: (run name pattern, committed folder, work folder of its segments)
@@ -39,14 +39,6 @@ REPLAYS = {  # replay: (run name pattern, committed folder, work folder of its s
                   os.path.join(HERE, "work", "ours_reference_replay", "runs")),
 }  # fmt: skip
 LOG = os.path.join(HERE, "work", "ours_reference_replay", "{name}.log")
-
-
-def complete(folder: str) -> bool:
-    try:
-        with open(os.path.join(folder, "summary.json")) as f:
-            return bool(json.load(f).get("complete"))
-    except FileNotFoundError:
-        return False
 
 
 def segments(replay: str, moe: str) -> list[str]:
@@ -69,7 +61,7 @@ def run_folder(replay: str, moe: str) -> str | None:
 def keep(moe: str) -> str | None:
     """Copy a complete chase run (the reference's replay) into chase/<run>/: episodes, summary, the log and every
     segment's logged scalars (benchmark/scalars.py)."""
-    from scalars import read_scalars
+    from scalars import read_scalars, write_csv
 
     found = segments("reference", moe)
     if not found or not complete(found[-1]):
@@ -79,10 +71,7 @@ def keep(moe: str) -> str | None:
     os.makedirs(out, exist_ok=True)
     shutil.copy(os.path.join(found[-1], "episodes.csv"), out)
     shutil.copy(LOG.format(name=name), os.path.join(out, "train_log.txt"))
-    with open(os.path.join(out, "scalars.csv"), "w") as f:
-        f.write("tag,step,value\n")
-        for (tag, step), value in sorted(read_scalars(found).items(), key=lambda kv: (kv[0][0], kv[0][1])):
-            f.write(f"{tag},{step},{value}\n")
+    write_csv(read_scalars(found), os.path.join(out, "scalars.csv"))
     shutil.copy(os.path.join(found[-1], "summary.json"), out)  # last: the folder counts as complete once it is here
     return out
 
@@ -160,12 +149,13 @@ def look(upto: int | None = None) -> dict:
             runs[key] = None
             continue
         evaluations = [e for e in summaries[key].get("evaluations", []) if e["global_step"] <= S]
+        episodes = our_episodes(folder)
         runs[key] = {
             "run": os.path.relpath(folder, ROOT),
             "commit": summaries[key]["code"]["commit"][:7],
             "complete": bool(summaries[key].get("complete")),
-            "curve": curve(our_episodes(folder), S),
-            "last_20000_steps": window(our_episodes(folder), S - 20_000, S),
+            "curve": curve(episodes, S),
+            "last_20000_steps": window(episodes, S - 20_000, S),
             "evaluation": evaluations[-1]["mean_return"] if evaluations else None,
         }
     gaps = {}

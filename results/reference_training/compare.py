@@ -84,14 +84,19 @@ def our_segments(moe: str) -> list[str]:
     return [d for d in segments if all(os.path.exists(os.path.join(d, f)) for f in ("episodes.csv", "summary.json"))]
 
 
+def complete(folder: str) -> bool:
+    """Whether the run folder holds the summary.json of a completed run."""
+    try:
+        with open(os.path.join(folder, "summary.json")) as f:
+            return bool(json.load(f).get("complete"))
+    except FileNotFoundError:
+        return False
+
+
 def our_finished(moe: str) -> str | None:
     """The committed folder of our run once queue.sh has completed it, else None."""
     folder = os.path.join(FINISHED, f"der_Breakout_{moe}_s1")
-    try:
-        with open(os.path.join(folder, "summary.json")) as f:
-            return folder if json.load(f).get("complete") else None
-    except FileNotFoundError:
-        return None
+    return folder if complete(folder) else None
 
 
 def our_run(moe: str) -> str:
