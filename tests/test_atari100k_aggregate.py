@@ -80,3 +80,19 @@ def test_runs_reads_finished_runs_only(tmp_path, monkeypatch):
                    "train_return_last_100": -20.5, "eval_mean_return": -19.0, "eval_human_normalized": 0.05,
                    "der_2019": -19.3, "steps_per_second": 2.77, "commit": "32aa045"}  # fmt: skip
     assert set(row) == set(aggregate.COLUMNS)
+
+
+def test_steps_per_second_spans_every_segment_of_a_run(tmp_path, monkeypatch):
+    """A run resumed at 100k only to evaluate: its last segment trains 0 steps in 2,520 s."""
+    summary = {"game": "Breakout", "args": {"moe": "softmoe", "seed": 1}, "global_step": 100_000,
+               "mean_return_last_100": 1.85, "eval_mean_return": 9.21, "eval_human_normalized_score": 0.26,
+               "sps": 0.0, "code": {"commit": "137126d6fb48"}, "complete": True}  # fmt: skip
+    segments = {"a": {"start_step": 0, "global_step": 41_843, "wall_time": 6_632.0},
+                "b": {"start_step": 41_843, "global_step": 100_000, "wall_time": 9_494.0},
+                "c": {"start_step": 100_000, "global_step": 100_000, "wall_time": 2_520.0}}  # fmt: skip
+    os.makedirs(tmp_path / "der_Breakout_softmoe_s1")
+    (tmp_path / "der_Breakout_softmoe_s1" / "summary.json").write_text(json.dumps(summary))
+    (tmp_path / "der_Breakout_softmoe_s1" / "segments.json").write_text(json.dumps(segments))
+    monkeypatch.setattr(aggregate, "HERE", str(tmp_path))
+    (row,) = aggregate.runs()
+    assert row["steps_per_second"] == round(100_000 / (6_632 + 9_494 + 2_520), 2) == 5.36

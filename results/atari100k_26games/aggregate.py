@@ -53,11 +53,24 @@ def runs() -> list[dict]:
                 "eval_mean_return": s.get("eval_mean_return"),
                 "eval_human_normalized": s.get("eval_human_normalized_score"),
                 "der_2019": DER_2019.get(s["game"]),
-                "steps_per_second": round(s["sps"], 2),  # the last segment's rate
+                "steps_per_second": round(run_speed(os.path.dirname(path), s), 2),
                 "commit": ((s.get("code") or {}).get("commit") or "")[:7],  # the last segment's
             }
         )
     return rows
+
+
+def run_speed(folder: str, summary: dict) -> float:
+    """A run's agent steps over the wall time of all its segments (segments.json: resumes, their loads and the
+    evaluation included), the rate runs.csv of ../reference_training gives ours. A run resumed only to evaluate has a
+    last segment of 0 steps, so the last segment's own rate says nothing; without segments.json, that rate."""
+    path = os.path.join(folder, "segments.json")
+    if not os.path.exists(path):
+        return summary["sps"]
+    with open(path) as f:
+        segments = json.load(f).values()
+    steps = sum(seg["global_step"] - seg["start_step"] for seg in segments)
+    return steps / sum(seg["wall_time"] for seg in segments)
 
 
 def iqm(x: np.ndarray) -> np.ndarray:
