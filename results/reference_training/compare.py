@@ -241,16 +241,17 @@ def plot_curves(result: dict, path: str) -> None:
 
 
 def write_runs(rows: list[dict]) -> None:
-    """runs.csv: these rows replace any of the same code and arm."""
+    """runs.csv: these rows replace any of the same code, arm and seed (seeds.py adds the reference's seeds 2-3)."""
     path = os.path.join(HERE, "runs.csv")
     kept = []
+    replaced = {(x["code"], x["arm"], str(x["seed"])) for x in rows}
     if os.path.exists(path):
         with open(path) as f:
-            kept = [r for r in csv.DictReader(f) if (r["code"], r["arm"]) not in {(x["code"], x["arm"]) for x in rows}]
+            kept = [r for r in csv.DictReader(f) if (r["code"], r["arm"], r["seed"]) not in replaced]
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
-        writer.writerows(sorted(kept + rows, key=lambda r: (r["arm"], r["code"])))
+        writer.writerows(sorted(kept + rows, key=lambda r: (r["arm"], r["code"], int(r["seed"]))))
 
 
 def our_committed_probe(moe: str, step: int) -> tuple[np.ndarray, dict] | None:
