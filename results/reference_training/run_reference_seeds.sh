@@ -14,9 +14,8 @@ for seed in 2 3; do
   for arm in baseline softmoe; do
     SEED=$seed CORE=${CORE:-0} bash results/reference_training/run_reference.sh "$arm"
     checkpoints=results/reference_training/work/dopamine_Breakout_${arm}_s$seed/checkpoints
-    if grep -q "reference run finished" "$checkpoints/../train_log.txt"; then
-      last=$(ls "$checkpoints" | grep -E '^[0-9]+$' | sort -n | tail -n 1)
-      for dir in $(ls "$checkpoints" | grep -E '^[0-9]+$'); do [ "$dir" = "$last" ] || rm -rf "${checkpoints:?}/$dir"; done
+    if [ -e "$checkpoints/sentinel_checkpoint_complete.49" ]; then  # the 50th 2,000-step iteration: finished
+      for dir in $(ls "$checkpoints" | grep -E '^[0-9]+$'); do [ "$dir" = 49 ] || rm -rf "${checkpoints:?}/$dir"; done
     fi
   done
 done

@@ -36,6 +36,7 @@ SEEDS = (1, 2, 3)
 S = 100_000
 ITERATION_STEPS = 2_000  # run_reference.sh's --iteration-steps
 OURS = os.path.join(ROOT, "results", "atari100k_26games")
+OURS_COMMIT = "137126d"  # the code the reading fixed for ours' runs: a run of another counts as not complete
 
 
 def reference_run(arm: str, seed: int) -> dict | None:
@@ -62,8 +63,11 @@ def ours_run(moe: str, seed: int) -> tuple[str | None, bool]:
     name = f"der_Breakout_{moe}_s{seed}"
     if complete(committed := os.path.join(OURS, name)):
         return committed, True
-    found = glob.glob(os.path.join(OURS, "work", "runs", f"Breakout__{name}__*", "episodes.csv"))
-    return (os.path.dirname(max(found, key=os.path.getmtime)), False) if found else (None, False)
+    found = glob.glob(os.path.join(OURS, "work", "runs", f"Breakout__{name}__*", "summary.json"))
+    found = [os.path.dirname(f) for f in found if os.path.exists(os.path.join(os.path.dirname(f), "episodes.csv"))]
+    if not found:
+        return None, False
+    return max(found, key=lambda d: os.path.getmtime(os.path.join(d, "summary.json"))), False
 
 
 def keep(arm: str, seed: int) -> str | None:
@@ -123,7 +127,7 @@ def look() -> dict:
                 "commit": summary["code"]["commit"][:7],
                 "curve": {k: v for k, v in curve(our_episodes(folder), S).items() if k != "episodes"},
                 "evaluation": summary.get("eval_mean_return"),
-                "complete": done,
+                "complete": done and summary["code"]["commit"].startswith(OURS_COMMIT),
             }
         for code in gaps:
             base, moe = runs[f"{code}/baseline/s{seed}"], runs[f"{code}/softmoe/s{seed}"]
