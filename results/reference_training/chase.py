@@ -84,7 +84,7 @@ def plot(result: dict, reference: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     S = result["steps"]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(9.5, 4))
     colours = {"baseline": "tab:blue", "softmoe": "tab:orange"}
     for arm, curves in reference.items():
         blocks = {k: v for k, v in curves["per_2000_steps"].items() if int(k) <= S}
@@ -103,7 +103,7 @@ def plot(result: dict, reference: dict, path: str) -> None:
     ax.set_xlabel("agent steps")
     ax.set_ylabel("return per game (mean over 2,000 steps)")
     ax.set_title(f"The chase: Breakout, DER.gin network, seed 1, to step {S:,}\n(markers at 100k: evaluations)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: the evaluations sit at the right
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
