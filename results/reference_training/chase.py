@@ -19,7 +19,6 @@ work/.
 """
 
 import argparse
-import glob
 import json
 import os
 import shutil
@@ -29,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [HERE, os.path.join(ROOT, "benchmark")]
 
-from compare import complete, curve, our_episodes  # noqa: E402
+from compare import complete, curve, our_episodes, saved_segments  # noqa: E402
 
 ARMS = {"baseline": "none", "softmoe": "softmoe"}
 REPLAYS = {  # replay: (run name pattern, committed folder, work folder of its segments)
@@ -44,9 +43,7 @@ LOG = os.path.join(HERE, "work", "ours_reference_replay", "{name}.log")
 def segments(replay: str, moe: str) -> list[str]:
     """The run's segments (each resume writes one) that have saved episodes and a summary, oldest first."""
     pattern, _, work = REPLAYS[replay]
-    found = glob.glob(os.path.join(work, f"Breakout__{pattern.format(moe=moe)}__*"))
-    found = [d for d in found if all(os.path.exists(os.path.join(d, f)) for f in ("episodes.csv", "summary.json"))]
-    return sorted(found, key=lambda d: os.path.getmtime(os.path.join(d, "summary.json")))
+    return saved_segments(work, pattern.format(moe=moe))
 
 
 def run_folder(replay: str, moe: str) -> str | None:

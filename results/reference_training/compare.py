@@ -77,11 +77,24 @@ def reference_episodes(log_path: str, iteration_steps: int) -> tuple[list[tuple[
     return episodes, evaluations
 
 
+def saved_segments(work: str, name: str) -> list[str]:
+    """Every segment (run folder) of the Breakout run `name` in work/ (each resume writes one), oldest first. A segment
+    that has not yet saved (no episodes.csv and summary.json before its first checkpoint) is left out."""
+    found = glob.glob(os.path.join(work, f"Breakout__{name}__*"))
+    found = [d for d in found if all(os.path.exists(os.path.join(d, f)) for f in ("episodes.csv", "summary.json"))]
+    return sorted(found, key=lambda d: os.path.getmtime(os.path.join(d, "summary.json")))
+
+
 def our_segments(moe: str) -> list[str]:
-    """Every segment (run folder) of our Breakout seed-1 run of that arm: queue.sh's resumes each write a new one. A
-    segment that has not yet saved (no episodes.csv and summary.json before its first checkpoint) is left out."""
-    segments = glob.glob(os.path.join(OURS, f"Breakout__der_Breakout_{moe}_s1__*"))
-    return [d for d in segments if all(os.path.exists(os.path.join(d, f)) for f in ("episodes.csv", "summary.json"))]
+    """Every saved segment of our Breakout seed-1 run of that arm (queue.sh's, in this folder's work/)."""
+    return saved_segments(OURS, f"der_Breakout_{moe}_s1")
+
+
+def reference_commit() -> str:
+    """The reference's code as runs.csv records it: Dopamine's 5873f54 + the last commit of this project that changed
+    dopamine_reference.py."""
+    changed = ["git", "log", "-1", "--format=%h", "--abbrev=7", "--", "dopamine_reference.py"]
+    return "5873f54+" + subprocess.run(changed, capture_output=True, text=True, cwd=HERE).stdout.strip()
 
 
 def complete(folder: str) -> bool:
@@ -376,8 +389,6 @@ def main():
     with open(os.path.join(HERE, f"compare_{cli.arm}_{S}.json"), "w") as f:
         json.dump(result, f, indent=1)
     plot_curves(result, os.path.join(HERE, f"curves_{cli.arm}_{S}.png"))
-    changed = ["git", "log", "-1", "--format=%h", "--abbrev=7", "--", "dopamine_reference.py"]
-    head = subprocess.run(changed, capture_output=True, text=True, cwd=HERE).stdout
     ours_speed, ours_commit = our_speed_and_commit(moe)
     evaluations = dict(result["dopamine_evaluations"])
     common = {"game": "Breakout", "arm": cli.arm, "seed": 1, "agent_steps": S}
@@ -387,7 +398,7 @@ def main():
         "train_return_last_100": result["curves"]["dopamine"]["last_100_mean"],
         "eval_mean_return": evaluations.get(S, ""),
         "steps_per_second": reference_speed(reference_dir, cli.iteration_steps),
-        "commit": f"5873f54+{head.strip()}",  # Dopamine's + the last commit that changed dopamine_reference.py
+        "commit": reference_commit(),
     }
     ours_row = {
         "code": "ours",

@@ -19,17 +19,24 @@ reading is reported with that figure, not as a test at 0.05. Writes seeds.json a
 """
 
 import argparse
-import glob
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [HERE]
 
-from compare import complete, curve, our_episodes, reference_episodes, reference_speed, write_runs  # noqa: E402
+from compare import (  # noqa: E402
+    complete,
+    curve,
+    our_episodes,
+    reference_commit,
+    reference_episodes,
+    reference_speed,
+    saved_segments,
+    write_runs,
+)
 
 ARMS = {"baseline": "none", "softmoe": "softmoe"}
 SEEDS = (1, 2, 3)
@@ -63,11 +70,8 @@ def ours_run(moe: str, seed: int) -> tuple[str | None, bool]:
     name = f"der_Breakout_{moe}_s{seed}"
     if complete(committed := os.path.join(OURS, name)):
         return committed, True
-    found = glob.glob(os.path.join(OURS, "work", "runs", f"Breakout__{name}__*", "summary.json"))
-    found = [os.path.dirname(f) for f in found if os.path.exists(os.path.join(os.path.dirname(f), "episodes.csv"))]
-    if not found:
-        return None, False
-    return max(found, key=lambda d: os.path.getmtime(os.path.join(d, "summary.json"))), False
+    found = saved_segments(os.path.join(OURS, "work", "runs"), name)
+    return (found[-1] if found else None), False
 
 
 def keep(arm: str, seed: int) -> str | None:
@@ -88,12 +92,10 @@ def keep(arm: str, seed: int) -> str | None:
     os.makedirs(os.path.dirname(kept), exist_ok=True)
     with open(kept, "w") as f:
         json.dump(run, f, indent=1)
-    changed = ["git", "log", "-1", "--format=%h", "--abbrev=7", "--", "dopamine_reference.py"]
-    head = subprocess.run(changed, capture_output=True, text=True, cwd=HERE).stdout.strip()
     write_runs([{"code": "dopamine", "game": "Breakout", "arm": arm, "seed": seed, "agent_steps": S,
                  "train_return_last_100": curve(episodes, S)["last_100_mean"],
                  "eval_mean_return": dict(evaluations)[S], "steps_per_second": run["steps_per_second"],
-                 "commit": f"5873f54+{head}"}])  # fmt: skip  # the reference's code as compare.py records it
+                 "commit": reference_commit()}])  # fmt: skip
     return kept
 
 
