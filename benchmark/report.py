@@ -672,25 +672,56 @@ def span(lo, hi) -> str:
     return f"{lo:.0%}" if f"{lo:.0%}" == f"{hi:.0%}" else f"{lo:.0%}–{hi:.0%}"
 
 
+def fixed_measure(c) -> str | None:
+    """The measure an experiment's own test fixed in advance: "measure" in the aggregate.json of its folder (as
+    results/atari100k_26games/aggregate.py writes), so that the report scores what that test reads; None elsewhere."""
+    if c["suite"]:
+        return None
+    path = os.path.join(ROOT, c["origin"], "aggregate.json")
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            measure = json.load(f).get("measure")
+    except (OSError, ValueError, AttributeError) as e:
+        why = f"error: {rel(path)} is not a readable aggregate.json ({e}); rerun the aggregate.py beside it"
+        raise SystemExit(why) from None
+    return measure if measure in ("evaluation", "training") else None
+
+
 def choose_measure(c) -> tuple[str, str]:
-    """('evaluation' | 'training', why) for a comparison: CQL's evaluation; an online run's last evaluation where the
-    runs have one, unless some evaluation is about one game played again (most of its episodes score one return, as
-    under the Atari-100k protocol's deterministic starts); then, and without evaluations, the mean return of the last
-    100 training episodes (Dopamine's continuous_train reporting)."""
+    """('evaluation' | 'training', why) for a comparison: CQL's evaluation; the measure the experiment's test fixed,
+    where it fixed one (fixed_measure); else an online run's last evaluation where the runs have one, unless some
+    evaluation is about one game played again (most of its episodes score one return, as under the Atari-100k
+    protocol's deterministic starts); then, and without evaluations, the mean return of the last 100 training episodes
+    (Dopamine's continuous_train reporting)."""
     rs = [r for vrs in c["variants"].values() for r in vrs]
     if c["agent"] in ("CQL", "CQL+C51"):
         return "evaluation", "the final evaluation (CQL's only score)"
     evaluated = [r for r in rs if r.get("evaluations")]
+    shares = [x for x in (eval_repeat_share(r) for r in evaluated) if x is not None]
+    repeats = [x for x in shares if x >= ONE_TRAJECTORY]
+    covers = (
+        f"in {len(repeats)} of {len(shares)} runs one return covers {span(min(repeats), max(repeats))} of its "
+        f"episodes (rule: ≥ {ONE_TRAJECTORY:.0%})"
+        if repeats
+        else ""
+    )
+    fixed = fixed_measure(c)
+    if fixed == "training":
+        return "training", "the mean return of the last 100 training episodes, the measure this experiment's test fixed"
+    if fixed == "evaluation":
+        why = "the last evaluation's mean return, the measure this experiment's test fixed (its aggregate.json)"
+        if repeats:
+            why += f"; {covers}, so those evaluations are about one trajectory each"
+        return "evaluation", why
     if not evaluated:
         return "training", "the mean return of the last 100 training episodes (no evaluation in these runs)"
-    shares = [x for x in (eval_repeat_share(r) for r in evaluated) if x is not None]
-    if shares and max(shares) >= ONE_TRAJECTORY:
+    if repeats:
         n = evaluated[0]["evaluations"][-1].get("episodes", len(evaluated[0]["evaluations"][-1].get("returns", [])))
         return "training", (
             f"the mean return of the last 100 training episodes. The evaluation ({n} episodes) is shown beside it but "
-            f"not scored: in {sum(x >= ONE_TRAJECTORY for x in shares)} of {len(shares)} runs one return covers "
-            f"{span(min(x for x in shares if x >= ONE_TRAJECTORY), max(shares))} of its episodes (rule: "
-            f"≥ {ONE_TRAJECTORY:.0%}), so each evaluation is about one trajectory per seed"
+            f"not scored: {covers}, so each evaluation is about one trajectory per seed"
         )
     return "evaluation", "the last evaluation's mean return"
 
@@ -834,6 +865,7 @@ def per_game(c) -> str:
     show_eval = c["measure"] == "training" and any(
         r.get("evaluations") for rs in c["variants"].values() for r in rs
     )  # fmt: skip
+    show_training = c["measure"] == "evaluation" and fixed_measure(c) == "evaluation"  # the test's table has both
     rows = []
     for var in c["matrices"]:
         rs = c["info"][var][3]
@@ -846,12 +878,15 @@ def per_game(c) -> str:
             row = [var, game, ", ".join(f"{fmt(x)} (s{sd})" for sd, x in raw), fmt(float(np.mean([x for _, x in raw])))]
             if show_eval:
                 row.append(", ".join(fmt(score_of(r, "evaluation")[1]) for r in grs))
+            if show_training:
+                row.append(", ".join(fmt(score_of(r, "training")[1]) for r in grs))
             if ref:
                 row.append(fmt(ref["games"].get(game)))
             rows.append(row)
     what = "last 100 training episodes" if c["measure"] == "training" else "evaluation"
     header = ["variant", "game", f"raw score per seed ({what})", "mean"]
     header += ["evaluation per seed (~1 trajectory each)"] if show_eval else []
+    header += ["training per seed (last 100 episodes)"] if show_training else []
     header += [f"{c['agent']} published (evaluation)"] if ref else []
     src = f" Published means: {ref['source'].rstrip('.')}." if ref else ""
     return f"Per game and seed.{src}\n\n" + table(header, rows)

@@ -33,6 +33,7 @@ ARMS = {"none": "baseline", "softmoe": "softmoe"}
 COLUMNS = ["code", "game", "arm", "seed", "agent_steps", "train_return_last_100", "eval_mean_return",
            "eval_human_normalized", "der_2019", "steps_per_second", "commit"]  # fmt: skip
 RESAMPLES = 50_000
+MEASURE = "evaluation"  # what the test reads (README); benchmark/report.py scores these runs by it too
 
 
 def runs() -> list[dict]:
@@ -96,7 +97,7 @@ def ci(values: np.ndarray) -> list[float]:
 def aggregate(rows: list[dict]) -> dict:
     score = {(r["game"], r["arm"]): r["eval_human_normalized"] for r in rows if r["seed"] == 1}
     games = [g for g in GAMES_26 if score.get((g, "baseline")) is not None and score.get((g, "softmoe")) is not None]
-    out = {"games_complete": len(games), "games": games, "seed": 1, "resamples": RESAMPLES}
+    out = {"measure": MEASURE, "games_complete": len(games), "games": games, "seed": 1, "resamples": RESAMPLES}
     out["per_game"] = [
         {"game": g, "baseline": score[(g, "baseline")], "softmoe": score[(g, "softmoe")],
          "sign": int(np.sign(score[(g, "softmoe")] - score[(g, "baseline")]))}
