@@ -674,7 +674,8 @@ def span(lo, hi) -> str:
 
 def fixed_measure(c) -> str | None:
     """The measure an experiment's own test fixed in advance: "measure" in the aggregate.json of its folder (as
-    results/atari100k_26games/aggregate.py writes), so that the report scores what that test reads; None elsewhere."""
+    results/atari100k_26games/aggregate.py writes), so that the report scores what that test reads; None where the
+    folder has no aggregate.json or it names no measure."""
     if c["suite"]:
         return None
     path = os.path.join(ROOT, c["origin"], "aggregate.json")
@@ -686,7 +687,9 @@ def fixed_measure(c) -> str | None:
     except (OSError, ValueError, AttributeError) as e:
         why = f"error: {rel(path)} is not a readable aggregate.json ({e}); rerun the aggregate.py beside it"
         raise SystemExit(why) from None
-    return measure if measure in ("evaluation", "training") else None
+    if measure not in (None, "evaluation", "training"):
+        raise SystemExit(f'error: {rel(path)} names the measure {measure!r}; it must be "evaluation" or "training"')
+    return measure
 
 
 def choose_measure(c) -> tuple[str, str]:
@@ -886,7 +889,7 @@ def per_game(c) -> str:
     what = "last 100 training episodes" if c["measure"] == "training" else "evaluation"
     header = ["variant", "game", f"raw score per seed ({what})", "mean"]
     header += ["evaluation per seed (~1 trajectory each)"] if show_eval else []
-    header += ["training per seed (last 100 episodes)"] if show_training else []
+    header += ["training per seed (last 100 episodes, or all if fewer)"] if show_training else []
     header += [f"{c['agent']} published (evaluation)"] if ref else []
     src = f" Published means: {ref['source'].rstrip('.')}." if ref else ""
     return f"Per game and seed.{src}\n\n" + table(header, rows)

@@ -198,7 +198,8 @@ def test_a_two_seed_pair_has_no_interval_and_is_scored_on_training_when_its_eval
 def test_an_experiment_that_fixed_its_measure_is_scored_by_it_with_the_other_measure_beside(tmp_path):
     """A folder whose aggregate.json fixes "evaluation" (as atari100k_26games' test does) is scored on the evaluation
     even where each evaluation repeats one game, with the training return beside it; without that file the same runs
-    fall to the training return; a damaged aggregate.json stops the report in one line."""
+    fall to the training return; a damaged aggregate.json, or one naming another measure, stops the report in one
+    line."""
     root = tmp_path / "fixed"
     for seed in (1, 2):
         write_run(str(root), f"soft_s{seed}", drq_summary(f"soft_s{seed}", seed, 3.0 + seed, 10.0 * seed))
@@ -212,11 +213,14 @@ def test_an_experiment_that_fixed_its_measure_is_scored_by_it_with_the_other_mea
     iqm = np.mean([(x - 1.7) / 28.8 for x in (11.0, 21.0)])  # the mean of each 90 + 10 evaluation: 10 + 1, 20 + 1
     assert c["est"]["Soft MoE, 8 experts"][0] == pytest.approx(iqm)
     table = report.per_game(c)
-    assert "training per seed (last 100 episodes)" in table
+    assert "training per seed (last 100 episodes, or all if fewer)" in table
     row = next(line for line in table.splitlines() if line.startswith("| baseline | Breakout |"))
     assert "21.0 (s1), 41.0 (s2)" in row and "| 6.0, 7.0 |" in row  # evaluation scored; training beside
     (root / "aggregate.json").write_text("{not json")
     with pytest.raises(SystemExit, match=r"^error: .*aggregate.json is not a readable aggregate.json"):
+        report.choose_measure(c)
+    (root / "aggregate.json").write_text(json.dumps({"measure": "eval"}))
+    with pytest.raises(SystemExit, match=r"names the measure 'eval'; it must be \"evaluation\" or \"training\""):
         report.choose_measure(c)
 
 
